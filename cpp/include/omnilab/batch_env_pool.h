@@ -1,0 +1,98 @@
+// BatchEnvPool: many environments of one MuJoCo model, stepped on a thread pool.
+//
+// The engine is MuJoCo's own mjBatch (state rows, per-thread mjData, per-environment model
+// fields, bit-exact at any thread count); the pool adds what an RL environment needs on top of
+// it: instability detection with rollback, final-state outputs gathered straight into dense
+// per-environment arrays, and one kernel per call so that task logic can run while the data is
+// hot in the worker's cache.
+#pragma once
+
+#include <mujoco/mjbatch.h>
+#include <mujoco/mujoco.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "omnilab/data_fields.h"
+
+namespace omnilab {
+
+// Per-environment status: bit w (w < mjNWARNING) is set when MuJoCo raised warning w in that
+// environment; kStatusError when MuJoCo raised an error. Bits stay until the environment is reset.
+inline constexpr std::uint32_t kStatusError = 1u << 30;
+
+// An mjData field to copy out after every call, restricted to some of its rows (all if empty).
+struct OutputSpec {
+  std::string field;
+  std::vector<int> rows;
+};
+
+// A dense (num_envs, rows.size(), cols) array filled from one mjData field.
+struct Output {
+  DataField field;
+  std::vector<int> rows;
+  std::vector<mjtNum> values;
+};
+
+class BatchEnvPool {
+ public:
+  // Copies model; num_threads counts the calling thread.
+  BatchEnvPool(const mjModel* model, int num_envs, int num_threads,
+               const std::vector<OutputSpec>& outputs);
+
+  BatchEnvPool(const BatchEnvPool&) = delete;
+  BatchEnvPool& operator=(const BatchEnvPool&) = delete;
+
+  int num_envs() const { return mjb_nsim(batch_.get()); }
+  int num_threads() const { return mjb_nthread(batch_.get()); }
+  int state_size() const { return mjb_nstate(batch_.get()); }
+  const mjModel* model() const { return mjb_model(batch_.get()); }
+
+  mjtNum* state() { return mjb_state(batch_.get()); }
+  // Offset and size of one mjtState component inside a state row.
+  std::pair<int, int> StateComponent(int component);
+  std::uint32_t* status() { return status_.data(); }
+  std::vector<Output>& outputs() { return outputs_; }
+
+  // Each call below takes ids (nid of them, sorted and unique; nullptr for all environments),
+  // releases nothing itself (the caller drops the GIL) and returns how many environments failed.
+
+  // nstep substeps with controls held, then forward stages up to stage, then outputs.
+  int Step(const int* ids, int nid, int nstep, int stage);
+  // Forward stages up to stage at the current state, then outputs.
+  int Forward(const int* ids, int nid, int stage);
+  // Defaults (keys nullptr or -1) or keyframes, or the given state rows; clears status.
+  int Reset(const int* ids, int nid, const int* keys, const mjtNum* initial_state, int stage);
+  // Per-environment storage of a model field (num_envs x size elements of elemsize bytes).
+  void* Expand(const std::string& name, int* size, int* elemsize);
+  const void* Expanded(const std::string& name, int* size, int* elemsize);
+  // mj_setConst on the selected environments' models.
+  int SetConst(const int* ids, int nid);
+  // Message of the error the environment raised in its last call, or "".
+  std::string Error(int env) const;
+
+ private:
+  struct BatchDeleter {
+    void operator()(mjBatch* b) const { mjb_deleteBatch(b); }
+  };
+  struct KernelArgs {
+    BatchEnvPool* pool;
+    int nstep;
+    int stage;
+  };
+
+  static void StepKernel(const mjModel* m, mjData* d, int env, void* arg);
+  static void ForwardKernel(const mjModel* m, mjData* d, int env, void* arg);
+  void Gather(const mjData* d, int env);
+  int MarkFailures(const int* ids, int nid, int nfail);
+
+  std::unique_ptr<mjBatch, BatchDeleter> batch_;
+  std::vector<std::uint32_t> status_;
+  std::vector<Output> outputs_;
+  std::mutex mutex_;  // one call at a time: the batch's scratch data is shared
+};
+
+}  // namespace omnilab

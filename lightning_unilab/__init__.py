@@ -1,0 +1,1 @@
+"""MuJoCoUni + UniLab for Lightning: robot RL with MuJoCo on CPU threads."""
