@@ -1,0 +1,322 @@
+"""Cost and memory model shared by every planner and by the simulator.
+
+Costs are analytic (FLOPs of a transformer layer, ``a*l + b*l^2`` per sample, divided by an
+efficiency curve) until a measured profile is loaded; then the fitted per-layer curve replaces the
+analytic one for that model and phase. Everything here is plain data and pure arithmetic so that
+every rank computes identical numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+BYTES_BF16 = 2
+TEXT = "text"
+IMAGE = "image"
+AUDIO = "audio"
+MODALITIES = (TEXT, IMAGE, AUDIO)
+
+
+def _require(condition: bool, name: str, expected: str, got: object) -> None:
+    """Raise a ValueError naming the argument, what was expected and what came."""
+    if not condition:
+        raise ValueError(f"{name}: expected {expected}, got {got!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One modality span of a sample: encoder input length and the LLM tokens it becomes."""
+
+    modality: str
+    encoder_tokens: int
+    llm_tokens: int
+
+    def __post_init__(self) -> None:
+        _require(self.modality in MODALITIES, "modality", f"one of {MODALITIES}", self.modality)
+        _require(self.encoder_tokens >= 0, "encoder_tokens", ">= 0", self.encoder_tokens)
+        _require(self.llm_tokens >= 0, "llm_tokens", ">= 0", self.llm_tokens)
+        if self.modality == TEXT:
+            _require(self.encoder_tokens == 0, "encoder_tokens", "0 for text", self.encoder_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleMeta:
+    """What a loader knows about a sample before loading its pixels: enough to plan on."""
+
+    sample_id: int
+    segments: tuple[Segment, ...]
+
+    @property
+    def llm_tokens(self) -> int:
+        return sum(s.llm_tokens for s in self.segments)
+
+    def encoder_tokens(self, modality: str | None = None) -> int:
+        return sum(
+            s.encoder_tokens for s in self.segments if modality is None or s.modality == modality
+        )
+
+    def encoder_lengths(self, modality: str) -> tuple[int, ...]:
+        """Lengths of each encoder call (one per segment) for one modality."""
+        return tuple(
+            s.encoder_tokens for s in self.segments if s.modality == modality and s.encoder_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TransformerConfig:
+    """Shape of a transformer stack; enough for FLOPs, parameters and activation bytes."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    ffn_hidden: int
+    kv_heads: int = 0
+    vocab: int = 0
+    gated_mlp: bool = False
+    causal: bool = True
+
+    def __post_init__(self) -> None:
+        for attr in ("layers", "hidden", "heads", "ffn_hidden"):
+            value = getattr(self, attr)
+            _require(isinstance(value, int) and value > 0, attr, "a positive int", value)
+        _require(self.hidden % self.heads == 0, "hidden", f"divisible by heads={self.heads}",
+                 self.hidden)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def params_per_layer(self) -> int:
+        head_dim = self.hidden // self.heads
+        attn = 2 * self.hidden * self.hidden + 2 * self.hidden * self.num_kv_heads * head_dim
+        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.ffn_hidden
+        return attn + mlp
+
+    @property
+    def embedding_params(self) -> int:
+        return 2 * self.vocab * self.hidden
+
+    @property
+    def total_params(self) -> int:
+        return self.layers * self.params_per_layer + self.embedding_params
+
+    @property
+    def linear_flops_per_token(self) -> float:
+        """The ``a`` of ``a*l + b*l^2``: forward FLOPs per token per layer from the GEMMs."""
+        return 2.0 * self.params_per_layer
+
+    @property
+    def attention_flops_per_token_sq(self) -> float:
+        """The ``b`` of ``a*l + b*l^2``: QK^T and AV, halved when causal."""
+        return (2.0 if self.causal else 4.0) * self.hidden
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """One accelerator type and its interconnect; bandwidths are per GPU, one direction."""
+
+    name: str
+    peak_flops: float
+    hbm_bytes: float
+    nvlink_bytes_per_s: float
+    ib_bytes_per_s: float
+    gpus_per_node: int = 8
+    max_efficiency: float = 0.6
+    half_efficiency_tokens: float = 384.0
+    nvlink_latency_s: float = 5e-6
+    ib_latency_s: float = 15e-6
+    usable_memory_fraction: float = 0.92
+
+    @property
+    def memory_cap_bytes(self) -> float:
+        return self.hbm_bytes * self.usable_memory_fraction
+
+    def efficiency(self, tokens: np.ndarray | float) -> np.ndarray | float:
+        """Saturating GEMM efficiency: short calls leave the GPU underused."""
+        tokens = np.asarray(tokens, dtype=np.float64)
+        return self.max_efficiency * tokens / (tokens + self.half_efficiency_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class FittedCurve:
+    """Measured seconds per layer for one call of ``l`` tokens: ``c + a*l + b*l^2``."""
+
+    a: float
+    b: float
+    c: float = 0.0
+
+    def seconds(self, lengths: np.ndarray) -> np.ndarray:
+        lengths = np.asarray(lengths, dtype=np.float64)
+        return self.c + self.a * lengths + self.b * lengths * lengths
+
+
+def fit_curve(lengths: Sequence[float], seconds: Sequence[float]) -> FittedCurve:
+    """Least-squares fit of ``c + a*l + b*l^2`` to measured (length, seconds) pairs."""
+    x = np.asarray(lengths, dtype=np.float64)
+    y = np.asarray(seconds, dtype=np.float64)
+    _require(x.ndim == 1 and x.size >= 3, "lengths", "a 1-D sequence of >= 3 values", x.shape)
+    _require(y.shape == x.shape, "seconds", f"shape {x.shape} like lengths", y.shape)
+    _require(bool(np.all(x > 0)), "lengths", "all > 0", x.min())
+    design = np.stack([x, x * x, np.ones_like(x)], axis=1)
+    (a, b, c), *_ = np.linalg.lstsq(design, y, rcond=None)
+    return FittedCurve(a=float(a), b=float(b), c=float(c))
+
+
+def load_profile(path: str | Path) -> dict[tuple[str, str], FittedCurve]:
+    """Fit curves from a JSON profile of per-action timings.
+
+    Format: ``{"records": [{"model": str, "phase": "fwd"|"bwd", "tokens": int,
+    "seconds": float}, ...]}`` where seconds is the time of one layer on one call of ``tokens``.
+    """
+    data = json.loads(Path(path).read_text())
+    _require(isinstance(data, dict) and "records" in data, "profile", "an object with 'records'",
+             type(data).__name__)
+    grouped: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for i, rec in enumerate(data["records"]):
+        for key in ("model", "phase", "tokens", "seconds"):
+            _require(key in rec, f"records[{i}]", f"a '{key}' field", sorted(rec))
+        _require(rec["phase"] in ("fwd", "bwd"), f"records[{i}].phase", "'fwd' or 'bwd'",
+                 rec["phase"])
+        grouped.setdefault((rec["model"], rec["phase"]), []).append(
+            (float(rec["tokens"]), float(rec["seconds"])))
+    return {key: fit_curve([p[0] for p in pts], [p[1] for p in pts])
+            for key, pts in grouped.items()}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds and bytes of layers, calls and messages on one hardware type."""
+
+    hardware: Hardware
+    fitted: Mapping[tuple[str, str], FittedCurve] = field(default_factory=dict)
+    backward_factor: float = 2.0
+    activation_bytes_per_hidden: float = 34.0
+    optimizer_bytes_per_param: float = 12.0
+    weight_grad_bytes_per_param: float = 6.0
+
+    # ---- compute -------------------------------------------------------------------------
+    def layer_seconds(self, model: TransformerConfig, lengths: Iterable[int] | np.ndarray,
+                      tp: int = 1, phase: str = "fwd") -> float:
+        """Seconds for one layer over independent calls of the given lengths (summed)."""
+        _require(phase in ("fwd", "bwd"), "phase", "'fwd' or 'bwd'", phase)
+        _require(tp >= 1, "tp", ">= 1", tp)
+        lens = np.asarray(list(lengths) if not isinstance(lengths, np.ndarray) else lengths,
+                          dtype=np.float64)
+        if lens.size == 0:
+            return 0.0
+        curve = self.fitted.get((model.name, phase))
+        if curve is not None:
+            return float(curve.seconds(lens).sum()) / tp
+        flops = model.linear_flops_per_token * lens + model.attention_flops_per_token_sq * lens**2
+        if phase == "bwd":
+            flops = flops * self.backward_factor
+        # Each GPU of a TP group sees the full token count but 1/tp of every GEMM's width.
+        eff = self.hardware.efficiency(lens / max(1.0, np.sqrt(tp)))
+        return float((flops / (tp * self.hardware.peak_flops * eff)).sum())
+
+    def stack_seconds(self, model: TransformerConfig, lengths: Iterable[int] | np.ndarray,
+                      layers: int, tp: int = 1, phase: str = "fwd",
+                      recompute: bool = False) -> float:
+        """A run of ``layers`` layers, including TP all-reduces and recompute on backward."""
+        lens = np.asarray(list(lengths) if not isinstance(lengths, np.ndarray) else lengths,
+                          dtype=np.float64)
+        if lens.size == 0 or layers == 0:
+            return 0.0
+        compute = self.layer_seconds(model, lens, tp, phase)
+        if phase == "bwd" and recompute:
+            compute += self.layer_seconds(model, lens, tp, "fwd")
+        comm = 0.0
+        if tp > 1:
+            nbytes = float(lens.sum()) * model.hidden * BYTES_BF16
+            comm = 2 * self.allreduce_seconds(nbytes, tp, inside_node=True)
+        return layers * (compute + comm)
+
+    # ---- communication -------------------------------------------------------------------
+    def p2p_seconds(self, nbytes: float, inside_node: bool) -> float:
+        hw = self.hardware
+        if inside_node:
+            return hw.nvlink_latency_s + nbytes / hw.nvlink_bytes_per_s
+        return hw.ib_latency_s + nbytes / hw.ib_bytes_per_s
+
+    def allreduce_seconds(self, nbytes: float, group: int, inside_node: bool) -> float:
+        """Ring all-reduce under the alpha-beta model."""
+        if group <= 1:
+            return 0.0
+        hw = self.hardware
+        alpha = hw.nvlink_latency_s if inside_node else hw.ib_latency_s
+        bw = hw.nvlink_bytes_per_s if inside_node else hw.ib_bytes_per_s
+        return 2 * (group - 1) * alpha + 2 * (group - 1) / group * nbytes / bw
+
+    def alltoall_seconds(self, nbytes_per_rank: float, group: int, inside_node: bool) -> float:
+        """Each rank sends (group-1)/group of its bytes to the others."""
+        if group <= 1:
+            return 0.0
+        hw = self.hardware
+        alpha = hw.nvlink_latency_s if inside_node else hw.ib_latency_s
+        bw = hw.nvlink_bytes_per_s if inside_node else hw.ib_bytes_per_s
+        return (group - 1) * alpha + (group - 1) / group * nbytes_per_rank / bw
+
+    # ---- memory --------------------------------------------------------------------------
+    def param_bytes(self, params: float, tp: int, dp_shards: int) -> float:
+        """bf16 weights + fp32 grads locally; fp32 Adam states sharded over DP (ZeRO-1)."""
+        local = params / tp
+        return local * (self.weight_grad_bytes_per_param
+                        + self.optimizer_bytes_per_param / max(1, dp_shards))
+
+    def activation_bytes(self, model: TransformerConfig, tokens: float, layers: int, tp: int,
+                         recompute: bool) -> float:
+        """Activations kept for backward. Full recompute keeps only each layer's input."""
+        per_token_layer = (2.0 if recompute else self.activation_bytes_per_hidden) * model.hidden
+        kept = tokens * layers * per_token_layer / tp
+        if recompute and layers:
+            kept += tokens * self.activation_bytes_per_hidden * model.hidden / tp
+        return kept
+
+    def logits_bytes(self, model: TransformerConfig, tokens: float, tp: int) -> float:
+        return tokens * model.vocab * 4.0 / tp
+
+
+# ---- presets (shapes from the public model cards; see docs/omni/planning.md) ---------------
+VIT_1B = TransformerConfig("ViT-1B", layers=40, hidden=1408, heads=16, ffn_hidden=6144,
+                           causal=False)
+VIT_2_4B = TransformerConfig("ViT-2.4B", layers=48, hidden=2048, heads=16, ffn_hidden=8192,
+                             causal=False)
+VIT_10B = TransformerConfig("ViT-10B", layers=48, hidden=4096, heads=32, ffn_hidden=16384,
+                            causal=False)
+AUDIO_ENCODER = TransformerConfig("Audio-0.6B", layers=32, hidden=1280, heads=20,
+                                  ffn_hidden=5120, causal=False)
+LLAMA_12B = TransformerConfig("LLaMA-12B", layers=40, hidden=5120, heads=40, ffn_hidden=12288,
+                              vocab=32000, gated_mlp=True)
+LLAMA_70B = TransformerConfig("LLaMA-70B", layers=80, hidden=8192, heads=64, ffn_hidden=28672,
+                              kv_heads=8, vocab=32000, gated_mlp=True)
+GPT_175B = TransformerConfig("GPT-175B", layers=96, hidden=12288, heads=96, ffn_hidden=49152,
+                             vocab=50257)
+
+H100_80G = Hardware("H100-SXM-80G", peak_flops=989e12, hbm_bytes=80e9,
+                    nvlink_bytes_per_s=450e9, ib_bytes_per_s=50e9)
+H800_80G = Hardware("H800-80G", peak_flops=989e12, hbm_bytes=80e9,
+                    nvlink_bytes_per_s=200e9, ib_bytes_per_s=50e9)
+A100_80G = Hardware("A100-SXM-80G", peak_flops=312e12, hbm_bytes=80e9,
+                    nvlink_bytes_per_s=300e9, ib_bytes_per_s=25e9)
+
+MODELS: dict[str, TransformerConfig] = {
+    m.name: m for m in (VIT_1B, VIT_2_4B, VIT_10B, AUDIO_ENCODER, LLAMA_12B, LLAMA_70B, GPT_175B)
+}
+HARDWARE: dict[str, Hardware] = {h.name: h for h in (H100_80G, H800_80G, A100_80G)}
+
+
+def model_preset(name: str) -> TransformerConfig:
+    _require(name in MODELS, "model", f"one of {sorted(MODELS)}", name)
+    return MODELS[name]
+
+
+def hardware_preset(name: str) -> Hardware:
+    _require(name in HARDWARE, "hardware", f"one of {sorted(HARDWARE)}", name)
+    return HARDWARE[name]
