@@ -1,1 +1,31 @@
 """MuJoCoUni + UniLab for Lightning: robot RL with MuJoCo on CPU threads."""
+
+import mujoco
+
+try:
+    from lightning_unilab import _core
+except ImportError as err:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        f"lightning_unilab's C++ extension did not load ({err}). It links the libmujoco of the "
+        f"installed mujoco package (found: mujoco {mujoco.__version__}); reinstall "
+        "lightning-omnilab against mujoco==4.0.0 (`make test` sets this up)."
+    ) from err
+
+
+def _check_mujoco_version() -> None:
+    """The extension was compiled against one MuJoCo; refuse to run against another."""
+    built = _core.mujoco_build_version()
+    loaded = {mujoco.mj_version(), _core.mujoco_runtime_version()}
+    if loaded != {built}:
+        raise ImportError(
+            f"lightning_unilab was built for MuJoCo {built} but MuJoCo "
+            f"{sorted(loaded)} (Python package mujoco {mujoco.__version__}) is loaded; "
+            "reinstall lightning-omnilab so that both match"
+        )
+
+
+_check_mujoco_version()
+
+from lightning_unilab.pool import STATUS_ERROR, BatchEnvPool, describe_status  # noqa: E402
+
+__all__ = ["BatchEnvPool", "STATUS_ERROR", "describe_status"]

@@ -3,46 +3,9 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "omnilab/kernels.h"
+
 namespace omnilab {
-namespace {
-
-// Every warning counter at 1 with lastinfo -1: mj_warning then prints nothing (it reports only a
-// first occurrence), and any warning, including the one that mj_resetData zeroes and re-counts
-// after a bad acceleration, leaves a counter that differs from this mark.
-void ArmWarnings(mjData* d) {
-  for (int w = 0; w < mjNWARNING; ++w) {
-    d->warning[w].number = 1;
-    d->warning[w].lastinfo = -1;
-  }
-}
-
-std::uint32_t RaisedWarnings(const mjData* d) {
-  std::uint32_t bits = 0;
-  for (int w = 0; w < mjNWARNING; ++w) {
-    if (d->warning[w].number != 1 || d->warning[w].lastinfo != -1) bits |= 1u << w;
-  }
-  return bits;
-}
-
-// The stages mj_step1 computes (POS, VEL) or all of mj_forward (ACC), at the current state.
-void ComputeStage(const mjModel* m, mjData* d, int stage) {
-  if (stage >= mjSTAGE_ACC) {
-    mj_forward(m, d);
-    return;
-  }
-  if (stage >= mjSTAGE_POS) {
-    mj_fwdPosition(m, d);
-    mj_sensorPos(m, d);
-    mj_energyPos(m, d);
-  }
-  if (stage >= mjSTAGE_VEL) {
-    mj_fwdVelocity(m, d);
-    mj_sensorVel(m, d);
-    mj_energyVel(m, d);
-  }
-}
-
-}  // namespace
 
 BatchEnvPool::BatchEnvPool(const mjModel* model, int num_envs, int num_threads,
                            const std::vector<OutputSpec>& outputs) {
@@ -95,18 +58,10 @@ void BatchEnvPool::Gather(const mjData* d, int env) {
 void BatchEnvPool::StepKernel(const mjModel* m, mjData* d, int env, void* arg) {
   const KernelArgs& args = *static_cast<KernelArgs*>(arg);
   BatchEnvPool& pool = *args.pool;
-  ArmWarnings(d);
-  for (int k = 0; k < args.nstep; ++k) mj_step(m, d);
-  const std::uint32_t raised = RaisedWarnings(d);
-  int stage = args.stage;
-  if (raised) {
-    // The row still holds the state from before this call: keep it, so that no NaN is saved.
-    pool.status_[env] |= raised;
-    mj_setState(m, d, pool.state() + static_cast<size_t>(env) * pool.state_size(),
-                mjSTATE_INTEGRATION);
-    stage = mjSTAGE_ACC;  // outputs then describe that state, never the diverged one
-  }
-  ComputeStage(m, d, stage);
+  const std::uint32_t raised = GuardedSteps(m, d, args.nstep, pool.state_row(env));
+  pool.status_[env] |= raised;
+  // after a rollback, outputs describe the restored state, never the diverged one
+  ComputeStage(m, d, raised ? mjSTAGE_ACC : args.stage);
   pool.Gather(d, env);
 }
 
@@ -127,16 +82,19 @@ int BatchEnvPool::MarkFailures(const int* ids, int nid, int nfail) {
   return nfail;
 }
 
-int BatchEnvPool::Step(const int* ids, int nid, int nstep, int stage) {
+int BatchEnvPool::Apply(const int* ids, int nid, mjfBatchFunc func, void* arg, bool save) {
   std::lock_guard<std::mutex> lock(mutex_);
+  return MarkFailures(ids, nid, mjb_apply(batch_.get(), ids, nid, func, arg, save ? 1 : 0));
+}
+
+int BatchEnvPool::Step(const int* ids, int nid, int nstep, int stage) {
   KernelArgs args{this, nstep, stage};
-  return MarkFailures(ids, nid, mjb_apply(batch_.get(), ids, nid, &StepKernel, &args, 1));
+  return Apply(ids, nid, &StepKernel, &args, true);
 }
 
 int BatchEnvPool::Forward(const int* ids, int nid, int stage) {
-  std::lock_guard<std::mutex> lock(mutex_);
   KernelArgs args{this, 0, stage};
-  return MarkFailures(ids, nid, mjb_apply(batch_.get(), ids, nid, &ForwardKernel, &args, 0));
+  return Apply(ids, nid, &ForwardKernel, &args, false);
 }
 
 int BatchEnvPool::Reset(const int* ids, int nid, const int* keys, const mjtNum* initial_state,

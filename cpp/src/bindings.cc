@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "omnilab/batch_env_pool.h"
+#include "omnilab/bindings.h"
 #include "omnilab/data_fields.h"
 
 namespace py = pybind11;
@@ -128,4 +129,6 @@ PYBIND11_MODULE(_core, mod) {
           },
           py::arg("name"), py::arg("create"))
       .def("error", &BatchEnvPool::Error, py::arg("env"));
+
+  omnilab::BindTasks(mod);
 }

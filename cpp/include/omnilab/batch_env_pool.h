@@ -52,6 +52,7 @@ class BatchEnvPool {
   const mjModel* model() const { return mjb_model(batch_.get()); }
 
   mjtNum* state() { return mjb_state(batch_.get()); }
+  mjtNum* state_row(int env) { return state() + static_cast<size_t>(env) * state_size(); }
   // Offset and size of one mjtState component inside a state row.
   std::pair<int, int> StateComponent(int component);
   std::uint32_t* status() { return status_.data(); }
@@ -71,6 +72,13 @@ class BatchEnvPool {
   const void* Expanded(const std::string& name, int* size, int* elemsize);
   // mj_setConst on the selected environments' models.
   int SetConst(const int* ids, int nid);
+  // Runs func on each selected environment inside the batch's threads (state loaded into d;
+  // saved back after func if save). The building block of every kernel, task kernels included.
+  int Apply(const int* ids, int nid, mjfBatchFunc func, void* arg, bool save);
+  // Copies the configured outputs of env out of d; called from kernels.
+  void Gather(const mjData* d, int env);
+  // OR bits into env's status; called from kernels (each env is touched by one thread).
+  void MarkStatus(int env, std::uint32_t bits) { status_[env] |= bits; }
   // Message of the error the environment raised in its last call, or "".
   std::string Error(int env) const;
 
@@ -86,7 +94,6 @@ class BatchEnvPool {
 
   static void StepKernel(const mjModel* m, mjData* d, int env, void* arg);
   static void ForwardKernel(const mjModel* m, mjData* d, int env, void* arg);
-  void Gather(const mjData* d, int env);
   int MarkFailures(const int* ids, int nid, int nfail);
 
   std::unique_ptr<mjBatch, BatchDeleter> batch_;

@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set themselves up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.omnilab-installed
+SOURCES := pyproject.toml CMakeLists.txt $(shell find cpp -name '*.cc' -o -name '*.h' 2>/dev/null)
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned to the release on local disk; then the build tools, so that the extension is
+# compiled against the venv's own mujoco==4.0.0 (no build isolation); then the package.
+$(STAMP): $(PY) $(SOURCES)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q scikit-build-core pybind11 ninja cmake mujoco==4.0.0
+	$(PIP) install -q --no-build-isolation -e '.[dev,bench]'
+	touch $(STAMP)
+
+demo: setup
+	$(PY) benchmarks/pool_throughput.py --quick --out build/pool_throughput_quick.json
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/pool_throughput.py --out build/pool_throughput.json
+	$(PY) benchmarks/omni_sim.py --out build/omni_sim.json
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf build $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,11 @@
+// Pieces of the _core module defined in separate files.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace omnilab {
+
+// Task environments on top of BatchEnvPool (cpp/src/task_bindings.cc).
+void BindTasks(pybind11::module_& mod);
+
+}  // namespace omnilab

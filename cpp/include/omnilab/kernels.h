@@ -1,0 +1,57 @@
+// Per-environment building blocks shared by every kernel the pool runs inside mjb_apply.
+#pragma once
+
+#include <mujoco/mujoco.h>
+
+#include <cstdint>
+
+namespace omnilab {
+
+// Every warning counter at 1 with lastinfo -1: mj_warning then prints nothing (it reports only a
+// first occurrence), and any warning, including the one that mj_resetData zeroes and re-counts
+// after a bad acceleration, leaves a counter that differs from this mark.
+inline void ArmWarnings(mjData* d) {
+  for (int w = 0; w < mjNWARNING; ++w) {
+    d->warning[w].number = 1;
+    d->warning[w].lastinfo = -1;
+  }
+}
+
+// Bit w set for every warning w raised since ArmWarnings.
+inline std::uint32_t RaisedWarnings(const mjData* d) {
+  std::uint32_t bits = 0;
+  for (int w = 0; w < mjNWARNING; ++w) {
+    if (d->warning[w].number != 1 || d->warning[w].lastinfo != -1) bits |= 1u << w;
+  }
+  return bits;
+}
+
+// The stages mj_step1 computes (POS, VEL) or all of mj_forward (ACC), at the current state.
+inline void ComputeStage(const mjModel* m, mjData* d, int stage) {
+  if (stage >= mjSTAGE_ACC) {
+    mj_forward(m, d);
+    return;
+  }
+  if (stage >= mjSTAGE_POS) {
+    mj_fwdPosition(m, d);
+    mj_sensorPos(m, d);
+    mj_energyPos(m, d);
+  }
+  if (stage >= mjSTAGE_VEL) {
+    mj_fwdVelocity(m, d);
+    mj_sensorVel(m, d);
+    mj_energyVel(m, d);
+  }
+}
+
+// nstep substeps; if MuJoCo warns, d goes back to `before` (the env's state row from before the
+// call, as mjb_apply leaves it until the kernel returns) and the warning bits are returned.
+inline std::uint32_t GuardedSteps(const mjModel* m, mjData* d, int nstep, const mjtNum* before) {
+  ArmWarnings(d);
+  for (int k = 0; k < nstep; ++k) mj_step(m, d);
+  const std::uint32_t raised = RaisedWarnings(d);
+  if (raised) mj_setState(m, d, before, mjSTATE_INTEGRATION);
+  return raised;
+}
+
+}  // namespace omnilab

@@ -1,0 +1,7 @@
+#include "omnilab/bindings.h"
+
+namespace omnilab {
+
+void BindTasks(pybind11::module_& /*mod*/) {}
+
+}  // namespace omnilab
