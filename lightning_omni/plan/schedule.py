@@ -12,12 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum
 
 from .costs import _require
 
 
-class Kind(StrEnum):
+class Kind(str, Enum):
+    """What an action does. (A str-Enum rather than StrEnum keeps Python 3.10 working.)"""
+
+    def __str__(self) -> str:
+        return self.value
+
     LLM_FWD = "llm_fwd"
     LLM_BWD = "llm_bwd"
     ENC_FWD = "enc_fwd"
@@ -30,7 +35,12 @@ class Kind(StrEnum):
 COMPUTE_KINDS = frozenset({Kind.LLM_FWD, Kind.LLM_BWD, Kind.ENC_FWD, Kind.ENC_BWD})
 
 
-class Payload(StrEnum):
+class Payload(str, Enum):
+    """What a message carries; each payload is its own FIFO channel."""
+
+    def __str__(self) -> str:
+        return self.value
+
     ACTIVATION = "act"          # stage s -> s+1, forward
     GRADIENT = "grad"           # stage s+1 -> s, backward
     FEATURES = "feat"           # encoder rank -> stage 0
