@@ -130,8 +130,8 @@ class Hardware:
     gpus_per_node: int = 8
     max_efficiency: float = 0.6
     half_efficiency_tokens: float = 384.0
-    nvlink_latency_s: float = 5e-6
-    ib_latency_s: float = 15e-6
+    nvlink_latency_s: float = 2e-6
+    ib_latency_s: float = 10e-6
     usable_memory_fraction: float = 0.92
 
     @property
@@ -200,43 +200,70 @@ class CostModel:
     activation_bytes_per_hidden: float = 34.0
     optimizer_bytes_per_param: float = 12.0
     weight_grad_bytes_per_param: float = 6.0
+    runtime_overhead_bytes: float = 3e9
 
     # ---- compute -------------------------------------------------------------------------
-    def layer_seconds(self, model: TransformerConfig, lengths: Iterable[int] | np.ndarray,
-                      tp: int = 1, phase: str = "fwd") -> float:
-        """Seconds for one layer over independent calls of the given lengths (summed)."""
+    def layer_seconds_each(self, model: TransformerConfig, lengths: Iterable[int] | np.ndarray,
+                           tp: int = 1, phase: str = "fwd",
+                           batch_tokens: float | None = None) -> np.ndarray:
+        """Seconds of one layer for each call of the given lengths.
+
+        ``batch_tokens`` is the token count of the batch the calls run in together: GEMM
+        efficiency follows it (default: each call alone).
+        """
         _require(phase in ("fwd", "bwd"), "phase", "'fwd' or 'bwd'", phase)
         _require(tp >= 1, "tp", ">= 1", tp)
-        lens = np.asarray(list(lengths) if not isinstance(lengths, np.ndarray) else lengths,
-                          dtype=np.float64)
-        if lens.size == 0:
-            return 0.0
+        lens = _as_lengths(lengths)
         curve = self.fitted.get((model.name, phase))
         if curve is not None:
-            return float(curve.seconds(lens).sum()) / tp
+            return curve.seconds(lens) / tp
         flops = model.linear_flops_per_token * lens + model.attention_flops_per_token_sq * lens**2
         if phase == "bwd":
             flops = flops * self.backward_factor
+        tokens = lens if batch_tokens is None else np.full_like(lens, float(batch_tokens))
         # Each GPU of a TP group sees the full token count but 1/tp of every GEMM's width.
-        eff = self.hardware.efficiency(lens / max(1.0, np.sqrt(tp)))
-        return float((flops / (tp * self.hardware.peak_flops * eff)).sum())
+        eff = self.hardware.efficiency(np.maximum(tokens, 1.0) / max(1.0, np.sqrt(tp)))
+        return flops / (tp * self.hardware.peak_flops * eff)
+
+    def stack_seconds_each(self, model: TransformerConfig, lengths: Iterable[int] | np.ndarray,
+                           layers: int, tp: int = 1, phase: str = "fwd",
+                           recompute: bool = False,
+                           batch_tokens: float | None = None) -> np.ndarray:
+        """``layers`` layers per call, with the TP all-reduce bandwidth term and the backward's
+        recompute. Latency terms are per batch: ``stack_seconds`` adds them."""
+        lens = _as_lengths(lengths)
+        _require(layers >= 0, "layers", ">= 0", layers)
+        seconds = self.layer_seconds_each(model, lens, tp, phase, batch_tokens)
+        if phase == "bwd" and recompute:
+            seconds = seconds + self.layer_seconds_each(model, lens, tp, "fwd", batch_tokens)
+        if tp > 1:
+            bw = self.hardware.nvlink_bytes_per_s
+            seconds = seconds + 2 * 2 * (tp - 1) / tp * lens * model.hidden * BYTES_BF16 / bw
+        return layers * seconds
 
     def stack_seconds(self, model: TransformerConfig, lengths: Iterable[int] | np.ndarray,
                       layers: int, tp: int = 1, phase: str = "fwd",
                       recompute: bool = False) -> float:
-        """A run of ``layers`` layers, including TP all-reduces and recompute on backward."""
-        lens = np.asarray(list(lengths) if not isinstance(lengths, np.ndarray) else lengths,
-                          dtype=np.float64)
+        """The calls run as one batch: efficiency of the whole batch, one latency per layer."""
+        lens = _as_lengths(lengths)
         if lens.size == 0 or layers == 0:
             return 0.0
-        compute = self.layer_seconds(model, lens, tp, phase)
-        if phase == "bwd" and recompute:
-            compute += self.layer_seconds(model, lens, tp, "fwd")
-        comm = 0.0
+        total = float(lens.sum())
+        seconds = float(self.stack_seconds_each(model, lens, layers, tp, phase, recompute,
+                                                batch_tokens=total).sum())
         if tp > 1:
-            nbytes = float(lens.sum()) * model.hidden * BYTES_BF16
-            comm = 2 * self.allreduce_seconds(nbytes, tp, inside_node=True)
-        return layers * (compute + comm)
+            seconds += layers * 2 * 2 * (tp - 1) * self.hardware.nvlink_latency_s
+        return seconds
+
+    def logits_seconds(self, model: TransformerConfig, tokens: float, tp: int,
+                       phase: str = "fwd") -> float:
+        """Output projection and loss of the last stage."""
+        if model.vocab == 0 or tokens <= 0:
+            return 0.0
+        flops = 2.0 * tokens * model.hidden * model.vocab
+        if phase == "bwd":
+            flops *= self.backward_factor
+        return float(flops / (tp * self.hardware.peak_flops * self.hardware.efficiency(tokens)))
 
     # ---- communication -------------------------------------------------------------------
     def p2p_seconds(self, nbytes: float, inside_node: bool) -> float:
@@ -245,10 +272,11 @@ class CostModel:
             return hw.nvlink_latency_s + nbytes / hw.nvlink_bytes_per_s
         return hw.ib_latency_s + nbytes / hw.ib_bytes_per_s
 
-    def allreduce_seconds(self, nbytes: float, group: int, inside_node: bool) -> float:
+    def allreduce_seconds(self, nbytes: float | np.ndarray, group: int,
+                          inside_node: bool) -> float | np.ndarray:
         """Ring all-reduce under the alpha-beta model."""
         if group <= 1:
-            return 0.0
+            return 0.0 * nbytes
         hw = self.hardware
         alpha = hw.nvlink_latency_s if inside_node else hw.ib_latency_s
         bw = hw.nvlink_bytes_per_s if inside_node else hw.ib_bytes_per_s
@@ -281,6 +309,14 @@ class CostModel:
 
     def logits_bytes(self, model: TransformerConfig, tokens: float, tp: int) -> float:
         return tokens * model.vocab * 4.0 / tp
+
+
+def _as_lengths(lengths: Iterable[int] | np.ndarray) -> np.ndarray:
+    lens = np.asarray(lengths if isinstance(lengths, np.ndarray) else list(lengths),
+                      dtype=np.float64)
+    _require(lens.ndim == 1, "lengths", "a 1-D sequence of token counts", lens.shape)
+    _require(bool(np.all(lens >= 0)), "lengths", "all >= 0", lens.min() if lens.size else None)
+    return lens
 
 
 # ---- presets (shapes from the public model cards; see docs/omni/planning.md) ---------------

@@ -1,0 +1,550 @@
+"""Price one training step of each system on a scenario, and grid-search its parallel layout.
+
+Three systems share one cost model, one workload and one memory limit:
+
+- ``megatron``: encoder on pipeline stage 0 with the LLM's TP (``encoder_first_stage``).
+- ``disaggregated``: a static pool of encoder GPUs feeds stage 0 (``encoder_disaggregated``).
+- ``omni``: grouped reordering across DP replicas, uniform insertion of encoder work over the
+  stages, LSSP inside each stage's GPUs (``uniform_insertion`` + ``plan_lssp`` +
+  ``plan_reorder``).
+
+A simulated rank is one pipeline stage's TP group (its GPUs act in lockstep). One DP replica is
+simulated: the heaviest one, since the step waits for the slowest replica.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from .costs import BYTES_BF16, CostModel, Hardware, SampleMeta, TransformerConfig, _require
+from .lssp import WorkItem, split_microbatch
+from .reorder import Item, plan_reorder
+from .schedule import (
+    Action,
+    Kind,
+    Payload,
+    Schedule,
+    encoder_disaggregated,
+    encoder_first_stage,
+    uniform_insertion,
+)
+from .simulate import SimResult, StepCosts, simulate
+from .workload import Mixture, draw_samples, pack_sequences
+
+SYSTEMS = ("megatron", "disaggregated", "omni")
+SYSTEM_LABELS = {"megatron": "Megatron-like", "disaggregated": "Disaggregated (DistMM-like)",
+                 "omni": "Omni"}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A launch to predict: models, cluster size, batch shape and data mix."""
+
+    name: str
+    encoder: TransformerConfig
+    llm: TransformerConfig
+    hardware: Hardware
+    num_gpus: int
+    global_batch: int
+    seq_len: int
+    mixture: Mixture
+    seed: int = 0
+    reorder_group_replicas: int = 8
+    lssp_memory_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        _require(self.num_gpus >= 1, "num_gpus", ">= 1", self.num_gpus)
+        _require(self.global_batch >= 1, "global_batch", ">= 1", self.global_batch)
+        _require(self.seq_len >= 16, "seq_len", ">= 16", self.seq_len)
+        _require(self.reorder_group_replicas >= 1, "reorder_group_replicas", ">= 1",
+                 self.reorder_group_replicas)
+
+
+@dataclass(frozen=True, order=True)
+class ParallelConfig:
+    tp: int
+    pp: int
+    dp: int
+    recompute: bool = False
+    encoder_gpus: int = 0
+    encoder_tp: int = 1
+
+    def __str__(self) -> str:
+        text = f"TP{self.tp} PP{self.pp} DP{self.dp}" + (" +recompute" if self.recompute else "")
+        if self.encoder_gpus:
+            text += f" enc{self.encoder_gpus}gpu"
+        if self.encoder_tp > 1 or self.encoder_gpus:
+            text += f" encTP{self.encoder_tp}"
+        return text
+
+
+@dataclass(frozen=True)
+class Prediction:
+    system: str
+    scenario: str
+    config: ParallelConfig
+    step_seconds: float
+    tokens_per_s: float
+    stage_peak_memory_gb: tuple[float, ...]
+    oom: bool
+    busy_fraction: tuple[float, ...]
+    schedule: Schedule = field(repr=False)
+    sim: SimResult = field(repr=False)
+
+    @property
+    def stage0_memory_gb(self) -> float:
+        return self.stage_peak_memory_gb[0]
+
+    @property
+    def bubble_fraction(self) -> tuple[float, ...]:
+        return tuple(1.0 - b for b in self.busy_fraction)
+
+
+# ---- step data -------------------------------------------------------------------------------
+class StepData:
+    """The sampled step of a scenario and per-sample costs, shared by every system."""
+
+    def __init__(self, scenario: Scenario, cost: CostModel) -> None:
+        self.scenario = scenario
+        self.cost = cost
+        target = scenario.global_batch * scenario.seq_len
+        samples: list[SampleMeta] = []
+        seqs: list[list[SampleMeta]] = []
+        attempt = 0
+        while len(seqs) < scenario.global_batch:
+            samples = draw_samples(scenario.mixture, int(target * (1.1 + 0.2 * attempt)),
+                                   scenario.seed, max_llm_tokens=scenario.seq_len)
+            seqs = pack_sequences(samples, scenario.seq_len)
+            attempt += 1
+        self.sequences = seqs[: scenario.global_batch]
+        self.samples = [s for seq in self.sequences for s in seq]
+        self.llm_tokens = np.array([s.llm_tokens for s in self.samples], dtype=np.float64)
+        self.enc_tokens = np.array([s.encoder_tokens() for s in self.samples], dtype=np.float64)
+        self.enc_llm_tokens = np.array(
+            [sum(g.llm_tokens for g in s.segments if g.encoder_tokens) for s in self.samples],
+            dtype=np.float64)
+        self.index = {s.sample_id: i for i, s in enumerate(self.samples)}
+        enc, llm = scenario.encoder, scenario.llm
+        nominal = 4096.0
+        # Whole-model fwd+bwd seconds on one GPU: the balancing cost of a sample.
+        self.enc_unit = (cost.stack_seconds_each(enc, self.enc_tokens, enc.layers,
+                                                 batch_tokens=nominal)
+                         + cost.stack_seconds_each(enc, self.enc_tokens, enc.layers, phase="bwd",
+                                                   batch_tokens=nominal))
+        self.enc_unit[self.enc_tokens == 0] = 0.0
+        self.llm_unit = (cost.stack_seconds_each(llm, self.llm_tokens, llm.layers,
+                                                 batch_tokens=nominal)
+                         + cost.stack_seconds_each(llm, self.llm_tokens, llm.layers, phase="bwd",
+                                                   batch_tokens=nominal))
+        self._replicas: dict[tuple[str, int], list[list[list[int]]]] = {}
+
+    @cached_property
+    def total_llm_tokens(self) -> int:
+        return int(self.llm_tokens.sum())
+
+    def microbatches_per_replica(self, dp: int) -> list[int]:
+        base, extra = divmod(self.scenario.global_batch, dp)
+        return [base + (1 if d < extra else 0) for d in range(dp)]
+
+    def loader_replicas(self, dp: int) -> list[list[list[int]]]:
+        """What each replica's own loader yields: contiguous packed sequences (sample indices)."""
+        key = ("loader", dp)
+        if key not in self._replicas:
+            counts = self.microbatches_per_replica(dp)
+            out, start = [], 0
+            for c in counts:
+                out.append([[self.index[s.sample_id] for s in seq]
+                            for seq in self.sequences[start:start + c]])
+                start += c
+            self._replicas[key] = out
+        return self._replicas[key]
+
+    def reordered_replicas(self, dp: int) -> list[list[list[int]]]:
+        """Grouped reordering over replicas, then first-fit-decreasing packing per replica."""
+        key = ("omni", dp)
+        if key not in self._replicas:
+            loader = self.loader_replicas(dp)
+            counts = self.microbatches_per_replica(dp)
+            seq_len = self.scenario.seq_len
+            local = [[Item(i, float(self.enc_unit[i] + self.llm_unit[i]),
+                           float(self.llm_tokens[i])) for seq in rep for i in seq]
+                     for rep in loader]
+            group = self.scenario.reorder_group_replicas
+            plan = plan_reorder(local, [d // group for d in range(dp)],
+                                memory_cap=max(counts) * seq_len)
+            out = [_pack_ffd(list(a), self.llm_tokens, counts[d], seq_len)
+                   for d, a in enumerate(plan.assignment)]
+            self._replicas[key] = out
+        return self._replicas[key]
+
+    def heaviest(self, replicas: list[list[list[int]]]) -> list[list[int]]:
+        loads = [sum(float(self.enc_unit[i] + self.llm_unit[i]) for mb in rep for i in mb)
+                 for rep in replicas]
+        return replicas[int(np.argmax(loads))]
+
+
+def _pack_ffd(indices: list[int], tokens: np.ndarray, bins: int, capacity: int) -> list[list[int]]:
+    order = sorted(indices, key=lambda i: (-tokens[i], i))
+    fill = [0.0] * bins
+    out: list[list[int]] = [[] for _ in range(bins)]
+    for i in order:
+        fits = [b for b in range(bins) if fill[b] + tokens[i] <= capacity]
+        b = fits[0] if fits else min(range(bins), key=lambda x: (fill[x], x))
+        out[b].append(i)
+        fill[b] += tokens[i]
+    return out
+
+
+# ---- pricing ---------------------------------------------------------------------------------
+def _stage_layers(layers: int, pp: int) -> list[int]:
+    base, extra = divmod(layers, pp)
+    return [base + (1 if s >= pp - extra else 0) for s in range(pp)]
+
+
+@dataclass
+class _Priced:
+    schedule: Schedule
+    costs: StepCosts
+
+
+class StepPricer:
+    """Builds a system's schedule and the prices of its actions for one config."""
+
+    def __init__(self, data: StepData, system: str, config: ParallelConfig) -> None:
+        _require(system in SYSTEMS, "system", f"one of {SYSTEMS}", system)
+        self.d, self.system, self.cfg = data, system, config
+        self.sc, self.cost = data.scenario, data.cost
+        self.layers = _stage_layers(self.sc.llm.layers, config.pp)
+        replicas = (data.reordered_replicas(config.dp) if system == "omni"
+                    else data.loader_replicas(config.dp))
+        self.mbs = data.heaviest(replicas)
+        self.num_mb = len(self.mbs)
+
+    # -- LLM ------------------------------------------------------------------------------
+    def llm_seconds(self, m: int, stage: int, phase: str) -> float:
+        lens = self.d.llm_tokens[self.mbs[m]]
+        t = self.cost.stack_seconds(self.sc.llm, lens, self.layers[stage], self.cfg.tp, phase,
+                                    self.cfg.recompute)
+        if stage == self.cfg.pp - 1:
+            t += self.cost.logits_seconds(self.sc.llm, float(lens.sum()), self.cfg.tp, phase)
+        return t
+
+    def llm_activation_bytes(self, m: int, stage: int) -> float:
+        tokens = float(self.d.llm_tokens[self.mbs[m]].sum())
+        b = self.cost.activation_bytes(self.sc.llm, tokens, self.layers[stage], self.cfg.tp,
+                                       self.cfg.recompute)
+        if stage == self.cfg.pp - 1:
+            b += self.cost.logits_bytes(self.sc.llm, tokens, self.cfg.tp)
+        return b
+
+    def llm_static_bytes(self, stage: int) -> float:
+        llm = self.sc.llm
+        params = self.layers[stage] * llm.params_per_layer
+        if stage == 0 or stage == self.cfg.pp - 1:
+            params += llm.vocab * llm.hidden
+        return (self.cost.param_bytes(params, self.cfg.tp, self.cfg.dp)
+                + self.cost.runtime_overhead_bytes)
+
+    def stage_gpu(self, stage: int) -> int:
+        return stage * self.cfg.tp
+
+    def inside_node(self, stage_a: int, stage_b: int) -> bool:
+        g = self.sc.hardware.gpus_per_node
+        return self.stage_gpu(stage_a) // g == self.stage_gpu(stage_b) // g
+
+    # -- encoder --------------------------------------------------------------------------
+    def enc_items(self, indices: Sequence[int], tp: int, batch_tokens: float) -> list[WorkItem]:
+        enc = self.sc.encoder
+        idx = [i for i in indices if self.d.enc_tokens[i] > 0]
+        if not idx:
+            return []
+        lens = self.d.enc_tokens[idx]
+        fwd = self.cost.stack_seconds_each(enc, lens, enc.layers, tp, "fwd",
+                                           batch_tokens=batch_tokens)
+        mem = self.cost.activation_bytes(enc, 1.0, enc.layers, tp, self.cfg.recompute) * lens
+        a2a = enc.layers * 4 * lens * enc.hidden * BYTES_BF16 / tp / \
+            self.sc.hardware.nvlink_bytes_per_s
+        return [WorkItem(i, float(f), float(b), float(a))
+                for i, f, b, a in zip(idx, fwd, mem, a2a, strict=True)]
+
+    @property
+    def bwd_ratio(self) -> float:
+        return self.cost.backward_factor + (1.0 if self.cfg.recompute else 0.0)
+
+    def enc_static_bytes(self, tp: int, replicas: int) -> float:
+        return self.cost.param_bytes(self.sc.encoder.total_params, tp, replicas)
+
+    # -- build ----------------------------------------------------------------------------
+    def build(self) -> _Priced:
+        return {"megatron": self._megatron, "disaggregated": self._disaggregated,
+                "omni": self._omni}[self.system]()
+
+    def _common(self, enc_fwd: dict[tuple[int, int], float], enc_mem: dict[tuple[int, int], float],
+                static: list[float], transfer_extra, grad_bytes: list[float],
+                grad_group: list[int]) -> StepCosts:
+        pp = self.cfg.pp
+        llm_f = {(m, s): self.llm_seconds(m, s, "fwd") for m in range(self.num_mb)
+                 for s in range(pp)}
+        llm_b = {(m, s): self.llm_seconds(m, s, "bwd") for m in range(self.num_mb)
+                 for s in range(pp)}
+        act = {(m, s): self.llm_activation_bytes(m, s) for m in range(self.num_mb)
+               for s in range(pp)}
+        ratio = self.bwd_ratio
+        hidden_bytes = self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp
+
+        def compute(rank: int, a: Action) -> float:
+            if a.kind == Kind.LLM_FWD:
+                return llm_f[a.microbatch, a.stage]
+            if a.kind == Kind.LLM_BWD:
+                return llm_b[a.microbatch, a.stage]
+            t = enc_fwd.get((rank, a.microbatch), 0.0)
+            return t if a.kind == Kind.ENC_FWD else t * ratio
+
+        def memory(rank: int, a: Action) -> float:
+            if a.kind in (Kind.LLM_FWD, Kind.LLM_BWD):
+                b = act[a.microbatch, a.stage]
+            else:
+                b = enc_mem.get((rank, a.microbatch), 0.0)
+            return b if a.kind in (Kind.LLM_FWD, Kind.ENC_FWD) else -b
+
+        def transfer(rank: int, a: Action) -> float:
+            if a.payload in (Payload.ACTIVATION, Payload.GRADIENT):
+                tokens = float(self.d.llm_tokens[self.mbs[a.microbatch]].sum())
+                return self.cost.p2p_seconds(tokens * hidden_bytes,
+                                             self.inside_node(rank, a.peer))
+            return transfer_extra(rank, a)
+
+        def collective(rank: int, a: Action) -> float:
+            return self.cost.allreduce_seconds(grad_bytes[rank], grad_group[rank],
+                                               inside_node=False)
+
+        return StepCosts(compute, transfer, collective, memory, lambda r: static[r],
+                         self.sc.hardware.memory_cap_bytes)
+
+    def _feature_seconds(self, indices: Sequence[int], inside: bool) -> float:
+        tokens = float(self.d.enc_llm_tokens[list(indices)].sum()) if indices else 0.0
+        return self.cost.p2p_seconds(tokens * self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp,
+                                     inside)
+
+    def _llm_grad_bytes(self, stage: int) -> float:
+        return self.layers[stage] * self.sc.llm.params_per_layer * BYTES_BF16 / self.cfg.tp
+
+    def _megatron(self) -> _Priced:
+        cfg, enc = self.cfg, self.sc.encoder
+        sched = encoder_first_stage(cfg.pp, self.num_mb, grad_sync=True)
+        enc_fwd, enc_mem = {}, {}
+        for m, mb in enumerate(self.mbs):
+            lens = self.d.enc_tokens[mb]
+            lens = lens[lens > 0]
+            enc_fwd[0, m] = self.cost.stack_seconds(enc, lens, enc.layers, cfg.tp, "fwd",
+                                                    cfg.recompute)
+            enc_mem[0, m] = self.cost.activation_bytes(enc, float(lens.sum()), enc.layers, cfg.tp,
+                                                       cfg.recompute)
+        static = [self.llm_static_bytes(s) for s in range(cfg.pp)]
+        static[0] += self.enc_static_bytes(cfg.tp, cfg.dp)
+        grad = [self._llm_grad_bytes(s) for s in range(cfg.pp)]
+        grad[0] += enc.total_params * BYTES_BF16 / cfg.tp
+        costs = self._common(enc_fwd, enc_mem, static, lambda r, a: 0.0, grad, [cfg.dp] * cfg.pp)
+        return _Priced(sched, costs)
+
+    def _disaggregated(self) -> _Priced:
+        cfg, enc = self.cfg, self.sc.encoder
+        sched = encoder_disaggregated(cfg.pp, self.num_mb, grad_sync=True)
+        enc_rank = cfg.pp
+        lanes_total = cfg.encoder_gpus // cfg.encoder_tp
+        lanes = lanes_total / cfg.dp
+        cap = self.sc.hardware.memory_cap_bytes
+        enc_fwd, enc_mem = {}, {}
+        for m, mb in enumerate(self.mbs):
+            tokens = float(self.d.enc_tokens[mb].sum())
+            width = max(1, int(lanes))
+            items = self.enc_items(mb, cfg.encoder_tp, max(tokens / width, 1.0))
+            split = split_microbatch(items, width, 1, cap, m)
+            scale = 1.0 if lanes >= 1 else 1.0 / lanes
+            enc_fwd[enc_rank, m] = split.makespan * scale
+            enc_mem[enc_rank, m] = max(split.peak_memory_bytes, default=0.0) * scale
+        static = [self.llm_static_bytes(s) for s in range(cfg.pp)]
+        static.append(self.enc_static_bytes(cfg.encoder_tp, lanes_total)
+                      + self.cost.runtime_overhead_bytes)
+
+        def transfer(rank: int, a: Action) -> float:
+            return self._feature_seconds(self.mbs[a.microbatch], inside=False)
+
+        grad = [self._llm_grad_bytes(s) for s in range(cfg.pp)]
+        grad.append(enc.total_params * BYTES_BF16 / cfg.encoder_tp)
+        group = [cfg.dp] * cfg.pp + [lanes_total]
+        return _Priced(sched, self._common(enc_fwd, enc_mem, static, transfer, grad, group))
+
+    def _omni(self) -> _Priced:
+        cfg, enc = self.cfg, self.sc.encoder
+        pp, lanes = cfg.pp, cfg.tp // cfg.encoder_tp
+        heads = enc.heads // cfg.encoder_tp
+        cap = self.sc.hardware.memory_cap_bytes * self.sc.lssp_memory_fraction
+        shares, enc_fwd, enc_mem = [], {}, {}
+        rank_samples: dict[tuple[int, int], tuple[int, ...]] = {}
+        for m, mb in enumerate(self.mbs):
+            with_enc = [i for i in mb if self.d.enc_tokens[i] > 0]
+            if not with_enc:
+                shares.append([1.0 / pp] * pp)
+                continue
+            spread = plan_reorder([[Item(i, float(self.d.enc_unit[i])) for i in with_enc]]
+                                  + [[] for _ in range(pp - 1)], [0] * pp)
+            total = sum(spread.load_after)
+            shares.append([x / total for x in spread.load_after])
+            for r, assigned in enumerate(spread.assignment):
+                if not assigned:
+                    continue
+                tokens = float(self.d.enc_tokens[list(assigned)].sum())
+                items = self.enc_items(assigned, cfg.encoder_tp, max(tokens / lanes, 1.0))
+                split = split_microbatch(items, lanes, heads, cap, m)
+                enc_fwd[r, m] = split.makespan
+                enc_mem[r, m] = max(split.peak_memory_bytes)
+                rank_samples[r, m] = assigned
+        sched = uniform_insertion(pp, self.num_mb, shares, grad_sync=True)
+        replicas = cfg.dp * pp * lanes
+        static = [self.llm_static_bytes(s) + self.enc_static_bytes(cfg.encoder_tp, replicas)
+                  for s in range(pp)]
+
+        def transfer(rank: int, a: Action) -> float:
+            sender = rank if a.payload == Payload.FEATURES else a.peer
+            return self._feature_seconds(rank_samples.get((sender, a.microbatch), ()),
+                                         self.inside_node(rank, a.peer))
+
+        grad = [self._llm_grad_bytes(s) + enc.total_params * BYTES_BF16 / cfg.encoder_tp
+                for s in range(pp)]
+        return _Priced(sched, self._common(enc_fwd, enc_mem, static, transfer, grad,
+                                           [cfg.dp] * pp))
+
+
+def predict(system: str, scenario: Scenario, config: ParallelConfig,
+            cost: CostModel | None = None, data: StepData | None = None,
+            record_timeline: bool = False) -> Prediction:
+    """Simulate one step of ``system`` under ``config``."""
+    cost = cost or CostModel(scenario.hardware)
+    data = data or StepData(scenario, cost)
+    _check_config(system, scenario, config)
+    priced = StepPricer(data, system, config).build()
+    sim = simulate(priced.schedule, priced.costs, record_timeline=record_timeline)
+    tokens = scenario.global_batch * scenario.seq_len
+    peaks = tuple(p / 1e9 for p in sim.peak_memory_bytes)
+    return Prediction(system, scenario.name, config, sim.step_seconds,
+                      tokens / sim.step_seconds if sim.step_seconds else 0.0, peaks,
+                      any(sim.oom), sim.busy_fraction, priced.schedule, sim)
+
+
+def _check_config(system: str, scenario: Scenario, cfg: ParallelConfig) -> None:
+    _require(system in SYSTEMS, "system", f"one of {SYSTEMS}", system)
+    llm_gpus = cfg.tp * cfg.pp * cfg.dp
+    _require(llm_gpus + cfg.encoder_gpus <= scenario.num_gpus, "config",
+             f"at most {scenario.num_gpus} GPUs", str(cfg))
+    _require(cfg.pp <= scenario.llm.layers, "config.pp", f"<= {scenario.llm.layers} layers",
+             cfg.pp)
+    _require(cfg.dp <= scenario.global_batch, "config.dp",
+             f"<= global_batch={scenario.global_batch}", cfg.dp)
+    if system == "disaggregated":
+        _require(cfg.encoder_gpus >= cfg.encoder_tp, "config.encoder_gpus",
+                 f">= encoder_tp={cfg.encoder_tp} for the disaggregated system", cfg.encoder_gpus)
+    if system == "omni":
+        _require(cfg.tp % cfg.encoder_tp == 0, "config.encoder_tp", f"a divisor of tp={cfg.tp}",
+                 cfg.encoder_tp)
+
+
+# ---- grid search -----------------------------------------------------------------------------
+TP_CHOICES = (1, 2, 4, 8)
+PP_CHOICES = (1, 2, 4, 8, 16)
+
+
+def candidate_configs(system: str, scenario: Scenario) -> list[ParallelConfig]:
+    """Every layout the grid search may pick for ``system`` (same grid for all systems where
+    the system has the dimension)."""
+    _require(system in SYSTEMS, "system", f"one of {SYSTEMS}", system)
+    n = scenario.num_gpus
+    out = []
+    enc_pools = [0]
+    if system == "disaggregated":
+        step = max(1, n // 16)
+        enc_pools = sorted({max(1, round(n * f / step) * step) for f in
+                            (1 / 16, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)})
+    for pool in enc_pools:
+        llm_gpus = n - pool
+        for tp in TP_CHOICES:
+            for pp in PP_CHOICES:
+                if llm_gpus % (tp * pp) or pp > scenario.llm.layers:
+                    continue
+                dp = llm_gpus // (tp * pp)
+                if dp < 1 or dp > scenario.global_batch:
+                    continue
+                for recompute in (False, True):
+                    if system == "megatron":
+                        out.append(ParallelConfig(tp, pp, dp, recompute))
+                    elif system == "disaggregated":
+                        for etp in TP_CHOICES:
+                            if etp <= pool and pool % etp == 0:
+                                out.append(ParallelConfig(tp, pp, dp, recompute, pool, etp))
+                    else:
+                        for etp in TP_CHOICES:
+                            if tp % etp == 0:
+                                out.append(ParallelConfig(tp, pp, dp, recompute, 0, etp))
+    return out
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: Prediction
+    evaluated: tuple[Prediction, ...]
+    screened: int
+
+
+def estimate(pricer: StepPricer) -> tuple[float, float]:
+    """Closed-form (step seconds, worst peak bytes) used only to rank candidates before
+    simulating the most promising ones. Same formula shape for every system."""
+    priced = pricer.build()
+    sched, c = priced.schedule, priced.costs
+    n = pricer.num_mb
+    per_rank = []
+    peak = []
+    for rank, prog in enumerate(sched.actions):
+        work = sum(c.compute_seconds(rank, a) for a in prog if a.kind.value.endswith(("fwd",
+                                                                                       "bwd")))
+        per_rank.append(work)
+        fwd_mem = [c.memory_delta_bytes(rank, a) for a in prog
+                   if a.kind in (Kind.LLM_FWD, Kind.ENC_FWD)]
+        bound = max(sched.llm_in_flight_bound[rank], sched.encoder_in_flight_bound[rank], 1)
+        top = sorted(fwd_mem, reverse=True)[:bound]
+        peak.append(c.static_memory_bytes(rank) + sum(top))
+    slowest = max(per_rank)
+    warm = (sched.num_stages - 1) * slowest / max(n, 1)
+    return slowest + warm, max(peak)
+
+
+def search(system: str, scenario: Scenario, cost: CostModel | None = None,
+           data: StepData | None = None, top_k: int = 3) -> SearchResult:
+    """Grid search: screen all candidates in closed form, simulate the ``top_k`` that fit in
+    memory (or, if none fits, the ``top_k`` smallest), return the fastest non-OOM one."""
+    cost = cost or CostModel(scenario.hardware)
+    data = data or StepData(scenario, cost)
+    cap = scenario.hardware.memory_cap_bytes
+    scored = []
+    for cfg in candidate_configs(system, scenario):
+        est_t, est_mem = estimate(StepPricer(data, system, cfg))
+        scored.append((est_mem > cap, est_t if est_mem <= cap else est_mem, cfg))
+    _require(bool(scored), "scenario", f"at least one layout for {system}", scenario.name)
+    scored.sort(key=lambda x: (x[0], x[1], x[2]))
+    chosen = [cfg for _, _, cfg in scored[:top_k]]
+    preds = [predict(system, scenario, cfg, cost, data) for cfg in chosen]
+    ok = [p for p in preds if not p.oom]
+    pool = ok or preds
+    best = (min(pool, key=lambda p: (p.step_seconds, p.config)) if ok
+            else min(pool, key=lambda p: (max(p.stage_peak_memory_gb), p.config)))
+    return SearchResult(best, tuple(preds), len(scored))
+
+
+def speedup(omni: Prediction, baselines: Sequence[Prediction]) -> float:
+    """Omni over the best baseline that fits in memory (inf if none fits)."""
+    fitting = [b.tokens_per_s for b in baselines if not b.oom]
+    return omni.tokens_per_s / max(fitting) if fitting else math.inf
