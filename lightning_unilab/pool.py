@@ -85,8 +85,8 @@ Ids = np.ndarray | Sequence[int] | None
 
 def describe_status(bits: int) -> list[str]:
     """Names of the MuJoCo warnings (and 'error') recorded in one status entry."""
-    names = [w.name for w in mujoco.mjtWarning if w.value < _core.NUM_WARNINGS
-             and bits & (1 << w.value)]
+    warnings = mujoco.mjtWarning.__members__.values()
+    names = [w.name for w in warnings if int(w) < _core.NUM_WARNINGS and bits & (1 << int(w))]
     if bits & STATUS_ERROR:
         names.append("error")
     return names
@@ -416,11 +416,12 @@ class BatchEnvPool:
         return np.ascontiguousarray(arr, dtype=np.float64)
 
     def _output_rows(self, name: str, objects: Sequence[str | int] | None) -> list[int]:
-        names = _core.data_field_names()
+        names = [n for n in _core.data_field_names() if n not in _STATE_FIELDS]
+        if name in _STATE_FIELDS:
+            raise ValueError(f"outputs: {name!r} is part of the state: use pool.field({name!r})")
         if name not in names:
-            hint = " (it is part of the state: use pool.field)" if name in _STATE_FIELDS else ""
             raise ValueError(f"outputs: {name!r} is not an mjData array of derived values"
-                             + (hint or _close(name, names)))
+                             + _close(name, names))
         if objects is None:
             return []
         if isinstance(objects, str | int):
@@ -501,6 +502,10 @@ class BatchEnvPool:
         if any(name in _GAINS for name, _ in writes):
             self._check_position_actuators()
         rows = slice(None) if sel is None else sel
+        touched = {"actuator_gainprm", "actuator_biasprm"} if any(
+            name in _GAINS for name, _ in writes) else set()
+        touched |= {name for name, _ in writes if name not in _GAINS}
+        saved = {name: self._expand(name)[rows].copy() for name in touched}
         needs_const = False
         for name, arr in writes:
             if name == "actuator_kp":
@@ -511,8 +516,17 @@ class BatchEnvPool:
             else:
                 self._expand(name)[rows] = arr
             needs_const |= name in _SETCONST_INPUTS or name.startswith("opt.")
-        if needs_const:
+        if needs_const and self._pool.set_const(sel):
+            env = next(int(i) for i in (range(self.num_envs) if sel is None else sel)
+                       if self._pool.error(int(i)))
+            message = self._pool.error(env)
+            for name, values in saved.items():
+                self._expand(name)[rows] = values
             self._pool.set_const(sel)
+            raise ValueError(
+                f"randomization: MuJoCo rejects the new model of env {env}: {message}; "
+                "the model fields of every env were left as they were"
+            )
 
     def _check_position_actuators(self) -> None:
         m = self._model

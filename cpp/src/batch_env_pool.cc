@@ -130,7 +130,8 @@ const void* BatchEnvPool::Expanded(const std::string& name, int* size, int* elem
 
 int BatchEnvPool::SetConst(const int* ids, int nid) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return MarkFailures(ids, nid, mjb_setConst(batch_.get(), ids, nid));
+  // a failure here is a bad model patch, reported to the caller, not a simulation failure
+  return mjb_setConst(batch_.get(), ids, nid);
 }
 
 std::string BatchEnvPool::Error(int env) const { return mjb_error(batch_.get(), env); }

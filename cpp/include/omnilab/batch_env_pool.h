@@ -70,7 +70,7 @@ class BatchEnvPool {
   // Per-environment storage of a model field (num_envs x size elements of elemsize bytes).
   void* Expand(const std::string& name, int* size, int* elemsize);
   const void* Expanded(const std::string& name, int* size, int* elemsize);
-  // mj_setConst on the selected environments' models.
+  // mj_setConst on the selected environments' models; failures leave status alone (Error()).
   int SetConst(const int* ids, int nid);
   // Runs func on each selected environment inside the batch's threads (state loaded into d;
   // saved back after func if save). The building block of every kernel, task kernels included.
