@@ -9,10 +9,10 @@ import time
 import mujoco
 import numpy as np
 import pytest
-from conftest import ARM_XML, INTEGRATION, random_ctrl, serial_steps
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mujoco import batch as mjbatch
+from unilab_models import ARM_XML, INTEGRATION, random_ctrl, serial_steps
 
 import lightning_unilab
 from lightning_unilab import BatchEnvPool, describe_status

@@ -1,0 +1,62 @@
+"""Test models and serial references shared by the unilab tests."""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+
+# everything the pool must handle: contacts, a free body, position servos, sensors of every stage,
+# a site, a mocap body and two keyframes
+ARM_XML = """
+<mujoco model="arm">
+  <option timestep="0.004"/>
+  <worldbody>
+    <geom name="floor" type="plane" size="2 2 0.1"/>
+    <body name="base" pos="0 0 0.5">
+      <joint name="shoulder" type="hinge" axis="0 1 0" damping="0.1"/>
+      <geom name="upper" type="capsule" fromto="0 0 0 0.3 0 0" size="0.04"/>
+      <body name="fore" pos="0.3 0 0">
+        <joint name="elbow" type="hinge" axis="0 1 0" damping="0.1"/>
+        <geom name="lower" type="capsule" fromto="0 0 0 0.3 0 0" size="0.035"/>
+        <site name="tip" pos="0.3 0 0"/>
+      </body>
+    </body>
+    <body name="box" pos="0.4 0 0.2">
+      <freejoint name="box"/>
+      <geom name="box" type="box" size="0.05 0.05 0.05"/>
+    </body>
+    <body name="target" mocap="true" pos="0.5 0 0.5"/>
+  </worldbody>
+  <actuator>
+    <position name="shoulder" joint="shoulder" kp="20" kv="1"/>
+    <position name="elbow" joint="elbow" kp="10" kv="0.5"/>
+  </actuator>
+  <sensor>
+    <jointpos name="elbow_pos" joint="elbow"/>
+    <jointvel name="elbow_vel" joint="elbow"/>
+    <framepos name="tip_pos" objtype="site" objname="tip"/>
+    <accelerometer name="tip_acc" site="tip"/>
+  </sensor>
+  <keyframe>
+    <key name="bent" qpos="0.3 -0.6 0.4 0 0.2 1 0 0 0" ctrl="0.3 -0.6"/>
+    <key name="up" qpos="-1 0.5 0.4 0 0.5 1 0 0 0" ctrl="-1 0.5"/>
+  </keyframe>
+</mujoco>
+"""
+
+INTEGRATION = mujoco.mjtState.mjSTATE_INTEGRATION
+
+
+def random_ctrl(model: mujoco.MjModel, n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1.5, 1.5, (n, model.nu))
+
+
+def serial_steps(model: mujoco.MjModel, row: np.ndarray, nstep: int) -> np.ndarray:
+    """The reference: one MjData, mj_setState, nstep mj_step, mj_getState."""
+    data = mujoco.MjData(model)
+    mujoco.mj_setState(model, data, row, INTEGRATION)
+    for _ in range(nstep):
+        mujoco.mj_step(model, data)
+    out = np.empty_like(row)
+    mujoco.mj_getState(model, data, out, INTEGRATION)
+    return out
