@@ -138,6 +138,9 @@ def split_microbatch(items: Sequence[WorkItem], group_size: int, heads: int,
     groups: list[SpGroup] = []
     for it in longs:
         k, fits = choose_degree(it, balanced, memory_cap, degrees)
+        if k == 1:  # nothing to split over: it runs data parallel like a short sample
+            shorts.append(it)
+            continue
         blocks = [tuple(range(b, b + k)) for b in range(0, group_size - k + 1, k)]
         block = min(blocks, key=lambda blk: (max(sp_load[r] for r in blk), blk[0]))
         t = it.sp_seconds(k)
@@ -146,6 +149,7 @@ def split_microbatch(items: Sequence[WorkItem], group_size: int, heads: int,
             sp_mem[r] = max(sp_mem[r], it.memory_bytes / k)
         groups.append(SpGroup(it.sample_id, block, t, fits))
 
+    shorts.sort(key=lambda it: (-it.seconds, it.sample_id))
     heap = [(sp_load[r], r) for r in range(group_size)]
     heapq.heapify(heap)
     dp: list[list[int]] = [[] for _ in range(group_size)]
@@ -162,7 +166,7 @@ def split_microbatch(items: Sequence[WorkItem], group_size: int, heads: int,
     phases = tuple(p for p in phases if (p == SP and groups) or (p == DP and shorts))
     finish = _finish_times(phases, groups, dp_load, group_size)
     # Activations of every sample stay alive until the microbatch's backward.
-    mem_of = {it.sample_id: it.memory_bytes for it in longs}
+    mem_of = {it.sample_id: it.memory_bytes for it in items}
     peak = tuple(dp_mem[r] + sum(mem_of[g.sample_id] / len(g.ranks) for g in groups
                                  if r in g.ranks) for r in range(group_size))
     return MicrobatchSplit(microbatch, phases, tuple(groups), tuple(tuple(d) for d in dp),

@@ -25,6 +25,7 @@ from .costs import BYTES_BF16, CostModel, Hardware, SampleMeta, TransformerConfi
 from .lssp import WorkItem, split_microbatch
 from .reorder import Item, plan_reorder
 from .schedule import (
+    COMPUTE_KINDS,
     Action,
     Kind,
     Payload,
@@ -142,6 +143,8 @@ class StepData:
                          + cost.stack_seconds_each(llm, self.llm_tokens, llm.layers, phase="bwd",
                                                    batch_tokens=nominal))
         self._replicas: dict[tuple[str, int], list[list[list[int]]]] = {}
+        self.cache: dict[tuple, float] = {}
+        self.splits: dict[tuple, tuple[float, float]] = {}
 
     @cached_property
     def total_llm_tokens(self) -> int:
@@ -182,6 +185,13 @@ class StepData:
             self._replicas[key] = out
         return self._replicas[key]
 
+    def heaviest_replica(self, kind: str, dp: int) -> list[list[int]]:
+        key = ("heaviest", kind, dp)
+        if key not in self._replicas:
+            reps = self.reordered_replicas(dp) if kind == "omni" else self.loader_replicas(dp)
+            self._replicas[key] = [self.heaviest(reps)]
+        return self._replicas[key][0]
+
     def heaviest(self, replicas: list[list[list[int]]]) -> list[list[int]]:
         loads = [sum(float(self.enc_unit[i] + self.llm_unit[i]) for mb in rep for i in mb)
                  for rep in replicas]
@@ -220,13 +230,21 @@ class StepPricer:
         self.d, self.system, self.cfg = data, system, config
         self.sc, self.cost = data.scenario, data.cost
         self.layers = _stage_layers(self.sc.llm.layers, config.pp)
-        replicas = (data.reordered_replicas(config.dp) if system == "omni"
-                    else data.loader_replicas(config.dp))
-        self.mbs = data.heaviest(replicas)
+        self.replica_kind = "omni" if system == "omni" else "loader"
+        self.mbs = data.heaviest_replica(self.replica_kind, config.dp)
         self.num_mb = len(self.mbs)
 
     # -- LLM ------------------------------------------------------------------------------
     def llm_seconds(self, m: int, stage: int, phase: str) -> float:
+        last = stage == self.cfg.pp - 1
+        key = ("llm", self.replica_kind, self.cfg.dp, m, self.layers[stage], last, phase,
+               self.cfg.tp, self.cfg.recompute)
+        cached = self.d.cache.get(key)
+        if cached is None:
+            cached = self.d.cache[key] = self._llm_seconds(m, stage, phase)
+        return cached
+
+    def _llm_seconds(self, m: int, stage: int, phase: str) -> float:
         lens = self.d.llm_tokens[self.mbs[m]]
         t = self.cost.stack_seconds(self.sc.llm, lens, self.layers[stage], self.cfg.tp, phase,
                                     self.cfg.recompute)
@@ -360,14 +378,18 @@ class StepPricer:
         lanes = lanes_total / cfg.dp
         cap = self.sc.hardware.memory_cap_bytes
         enc_fwd, enc_mem = {}, {}
+        width = max(1, int(lanes))
+        scale = width / lanes
         for m, mb in enumerate(self.mbs):
-            tokens = float(self.d.enc_tokens[mb].sum())
-            width = max(1, int(lanes))
-            items = self.enc_items(mb, cfg.encoder_tp, max(tokens / width, 1.0))
-            split = split_microbatch(items, width, 1, cap, m)
-            scale = 1.0 if lanes >= 1 else 1.0 / lanes
-            enc_fwd[enc_rank, m] = split.makespan * scale
-            enc_mem[enc_rank, m] = max(split.peak_memory_bytes, default=0.0) * scale
+            key = ("disagg", cfg.dp, m, cfg.encoder_tp, width, cfg.recompute)
+            if key not in self.d.splits:
+                tokens = float(self.d.enc_tokens[mb].sum())
+                items = self.enc_items(mb, cfg.encoder_tp, max(tokens / width, 1.0))
+                split = split_microbatch(items, width, 1, cap, m)
+                self.d.splits[key] = (split.makespan, max(split.peak_memory_bytes, default=0.0))
+            t, b = self.d.splits[key]
+            enc_fwd[enc_rank, m] = t * scale
+            enc_mem[enc_rank, m] = b * scale
         static = [self.llm_static_bytes(s) for s in range(cfg.pp)]
         static.append(self.enc_static_bytes(cfg.encoder_tp, lanes_total)
                       + self.cost.runtime_overhead_bytes)
@@ -399,11 +421,13 @@ class StepPricer:
             for r, assigned in enumerate(spread.assignment):
                 if not assigned:
                     continue
-                tokens = float(self.d.enc_tokens[list(assigned)].sum())
-                items = self.enc_items(assigned, cfg.encoder_tp, max(tokens / lanes, 1.0))
-                split = split_microbatch(items, lanes, heads, cap, m)
-                enc_fwd[r, m] = split.makespan
-                enc_mem[r, m] = max(split.peak_memory_bytes)
+                key = ("omni", cfg.dp, pp, m, r, cfg.encoder_tp, lanes, cfg.recompute)
+                if key not in self.d.splits:
+                    tokens = float(self.d.enc_tokens[list(assigned)].sum())
+                    items = self.enc_items(assigned, cfg.encoder_tp, max(tokens / lanes, 1.0))
+                    split = split_microbatch(items, lanes, heads, cap, m)
+                    self.d.splits[key] = (split.makespan, max(split.peak_memory_bytes))
+                enc_fwd[r, m], enc_mem[r, m] = self.d.splits[key]
                 rank_samples[r, m] = assigned
         sched = uniform_insertion(pp, self.num_mb, shares, grad_sync=True)
         replicas = cfg.dp * pp * lanes
@@ -509,8 +533,9 @@ def estimate(pricer: StepPricer) -> tuple[float, float]:
     per_rank = []
     peak = []
     for rank, prog in enumerate(sched.actions):
-        work = sum(c.compute_seconds(rank, a) for a in prog if a.kind.value.endswith(("fwd",
-                                                                                       "bwd")))
+        work = sum(c.compute_seconds(rank, a) if a.kind in COMPUTE_KINDS
+                   else c.collective_seconds(rank, a) if a.kind == Kind.ALLREDUCE else 0.0
+                   for a in prog)
         per_rank.append(work)
         fwd_mem = [c.memory_delta_bytes(rank, a) for a in prog
                    if a.kind in (Kind.LLM_FWD, Kind.ENC_FWD)]
@@ -523,7 +548,7 @@ def estimate(pricer: StepPricer) -> tuple[float, float]:
 
 
 def search(system: str, scenario: Scenario, cost: CostModel | None = None,
-           data: StepData | None = None, top_k: int = 3) -> SearchResult:
+           data: StepData | None = None, top_k: int = 4) -> SearchResult:
     """Grid search: screen all candidates in closed form, simulate the ``top_k`` that fit in
     memory (or, if none fits, the ``top_k`` smallest), return the fastest non-OOM one."""
     cost = cost or CostModel(scenario.hardware)

@@ -1,0 +1,132 @@
+"""Simulated throughput of Megatron-like, disaggregated and Omni plans on the paper's workloads.
+
+Every system gets its best TP/PP/DP (and recompute, encoder pool/TP where it has them) from the
+same grid under the same memory limit. Prints a table and writes JSON (--out).
+
+    python benchmarks/omni_sim.py --out omni_sim.json [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lightning_omni.plan.costs import (  # noqa: E402
+    GPT_175B,
+    H100_80G,
+    LLAMA_12B,
+    LLAMA_70B,
+    VIT_1B,
+    VIT_2_4B,
+    VIT_10B,
+    CostModel,
+)
+from lightning_omni.plan.systems import SYSTEMS, Scenario, StepData, search  # noqa: E402
+from lightning_omni.plan.workload import image_text_mixture  # noqa: E402
+
+WORKLOADS = {  # name: (encoder, llm, gpus, global batch, seq len) as in the paper
+    "A": (VIT_1B, LLAMA_12B, 64, 32, 16384),
+    "B": (VIT_2_4B, LLAMA_70B, 128, 64, 16384),
+    "C": (VIT_10B, LLAMA_70B, 256, 128, 8192),
+    "D": (VIT_10B, GPT_175B, 512, 256, 8192),
+}
+RATIOS = (0.1, 0.5, 0.9)
+LONG_SEQ = {"16k": 16384, "32k": 32768}
+PAPER = {"A": 1.54, "B": 3.30, "C": 7.57, "D": 1.98, "16k": 6.88, "32k": 4.72,
+         "stage0_mem_reduction": 2.21}
+
+
+def run_scenario(sc: Scenario, label: str, ratio: float) -> list[dict]:
+    cost = CostModel(sc.hardware)
+    data = StepData(sc, cost)
+    rows = []
+    for system in SYSTEMS:
+        best = search(system, sc, cost, data).best
+        rows.append({
+            "workload": label, "gpus": sc.num_gpus, "image_ratio": ratio, "system": system,
+            "tokens_per_s": round(best.tokens_per_s, 1),
+            "stage0_mem_gb": round(best.stage0_memory_gb, 2), "oom": best.oom,
+            "config": str(best.config), "step_s": round(best.step_seconds, 4),
+        })
+    return rows
+
+
+def speedup_of(rows: list[dict]) -> float:
+    omni = next(r for r in rows if r["system"] == "omni")
+    base = [r["tokens_per_s"] for r in rows if r["system"] != "omni" and not r["oom"]]
+    if omni["oom"]:
+        return 0.0
+    return omni["tokens_per_s"] / max(base) if base else math.inf
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON here")
+    parser.add_argument("--quick", action="store_true",
+                        help="same runs (the full set already fits the 60 s budget)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    rows: list[dict] = []
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for name, (enc, llm, gpus, batch, seq) in WORKLOADS.items():
+        for ratio in RATIOS:
+            sc = Scenario(f"{name}-{ratio}", enc, llm, H100_80G, gpus, batch, seq,
+                          image_text_mixture(ratio), seed=args.seed)
+            groups[name, ratio] = run_scenario(sc, name, ratio)
+            rows += groups[name, ratio]
+    long_rows: dict[str, list[dict]] = {}
+    enc, llm, gpus, batch, seq = WORKLOADS["C"]
+    for label, seq_len in LONG_SEQ.items():
+        sc = Scenario(f"C-{label}", enc, llm, H100_80G, gpus, batch * seq // seq_len, seq_len,
+                      image_text_mixture(0.5, long_max=seq_len, long_share=0.05), seed=args.seed)
+        long_rows[label] = run_scenario(sc, f"C-{label}", 0.5)
+        rows += long_rows[label]
+    max_speedup = {name: round(max(speedup_of(groups[name, r]) for r in RATIOS), 3)
+                   for name in WORKLOADS}
+    long_speedup = {label: round(speedup_of(r), 3) for label, r in long_rows.items()}
+    reductions = []
+    for rs in list(groups.values()) + list(long_rows.values()):
+        omni = next(r for r in rs if r["system"] == "omni")
+        mega = next(r for r in rs if r["system"] == "megatron")
+        reductions.append(mega["stage0_mem_gb"] / omni["stage0_mem_gb"])
+    result = {
+        "rows": rows,
+        "max_speedup": max_speedup,
+        "long_seq_speedup": long_speedup,
+        "stage0_mem_reduction": round(max(reductions), 3),
+        "paper": PAPER,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    _print_table(rows)
+    print(f"max speedup per workload (omni / best baseline that fits): {max_speedup}  "
+          f"paper: A 1.54 B 3.30 C 7.57 D 1.98")
+    print(f"long sequences (C): {long_speedup}  paper: 16k 6.88 32k 4.72")
+    print(f"stage-0 memory, Megatron-like / Omni (max over rows): "
+          f"{result['stage0_mem_reduction']}x  paper: 2.21x")
+    print(f"simulated in {result['seconds']} s")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _print_table(rows: list[dict]) -> None:
+    head = f"{'workload':8} {'gpus':>5} {'img':>4} {'system':14} {'tok/s':>11} {'step s':>8} " \
+           f"{'st0 GB':>7} {'oom':>4}  config"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['workload']:8} {r['gpus']:5d} {r['image_ratio']:4.1f} {r['system']:14} "
+              f"{r['tokens_per_s']:11.0f} {r['step_s']:8.3f} {r['stage0_mem_gb']:7.1f} "
+              f"{str(r['oom']):>4}  {r['config']}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
