@@ -1,7 +1,148 @@
+// Bindings of the task layer: TaskEnv over a BatchEnvPool, and the task registry. Buffers arrive
+// validated by lightning_unilab/vector_env.py; the checks here only keep C++ memory-safe.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+
 #include "omnilab/bindings.h"
+#include "omnilab/task.h"
+#include "omnilab/task_env.h"
+
+namespace py = pybind11;
 
 namespace omnilab {
 
-void BindTasks(pybind11::module_& /*mod*/) {}
+namespace {
+
+using IdArray = py::array_t<int, py::array::c_style>;
+
+// Pointer to a C-contiguous, writable array of T with at least count elements (or nullptr for
+// None when optional); never copies, so that writes land in the caller's memory.
+template <typename T>
+T* Buffer(const py::object& obj, size_t count, const char* name, bool optional = false) {
+  if (obj.is_none()) {
+    if (optional) return nullptr;
+    throw std::invalid_argument(std::string(name) + ": a buffer is required");
+  }
+  auto arr = py::reinterpret_borrow<py::array>(obj);
+  if (!py::isinstance<py::array>(obj) || !arr.dtype().is(py::dtype::of<T>()) ||
+      !(arr.flags() & py::array::c_style) || !arr.writeable() ||
+      static_cast<size_t>(arr.size()) < count) {
+    throw std::invalid_argument(std::string(name) + ": expected a writable C-contiguous " +
+                                py::str(py::dtype::of<T>()).cast<std::string>() +
+                                " array of " + std::to_string(count) + " elements");
+  }
+  return static_cast<T*>(arr.mutable_data());
+}
+
+template <typename T>
+const T* Input(const py::object& obj, size_t count, const char* name) {
+  auto arr = py::reinterpret_borrow<py::array>(obj);
+  if (!py::isinstance<py::array>(obj) || !arr.dtype().is(py::dtype::of<T>()) ||
+      !(arr.flags() & py::array::c_style) || static_cast<size_t>(arr.size()) != count) {
+    throw std::invalid_argument(std::string(name) + ": expected a C-contiguous " +
+                                py::str(py::dtype::of<T>()).cast<std::string>() +
+                                " array of " + std::to_string(count) + " elements");
+  }
+  return static_cast<const T*>(arr.data());
+}
+
+py::dict SpecDict(const TaskSpec& s) {
+  py::dict d;
+  d["obs_size"] = s.obs_size;
+  d["critic_size"] = s.critic_size;
+  d["action_size"] = s.action_size;
+  d["frame_skip"] = s.frame_skip;
+  d["max_episode_steps"] = s.max_episode_steps;
+  d["memory_size"] = s.memory_size;
+  d["resample_steps"] = s.resample_steps;
+  d["action_low"] = s.action_low;
+  d["action_high"] = s.action_high;
+  return d;
+}
+
+}  // namespace
+
+void BindTasks(py::module_& mod) {
+  mod.def("task_names", &TaskNames, "Names of the C++ tasks, sorted.");
+  mod.attr("STATUS_BAD_ACTION") = kStatusBadAction;
+
+  py::class_<TaskEnv>(mod, "TaskEnv")
+      .def(py::init([](BatchEnvPool& pool, const std::string& name, const TaskParams& params,
+                       bool same_step) {
+             auto task = MakeTask(name, pool.model(), params);
+             return std::make_unique<TaskEnv>(
+                 &pool, std::move(task), same_step ? Autoreset::kSameStep : Autoreset::kNextStep);
+           }),
+           py::arg("pool"), py::arg("task"), py::arg("params"), py::arg("same_step"),
+           py::keep_alive<1, 2>())
+      .def_property_readonly("spec", [](const TaskEnv& env) { return SpecDict(env.task().spec()); })
+      .def(
+          "seed",
+          [](TaskEnv& env, std::optional<IdArray> ids, std::uint64_t seed) {
+            env.Seed(ids ? ids->data() : nullptr, ids ? static_cast<int>(ids->size()) : 0, seed);
+          },
+          py::arg("ids"), py::arg("seed"))
+      .def(
+          "reset",
+          [](TaskEnv& env, std::optional<IdArray> ids, py::object states, py::object obs,
+             py::object critic) {
+            const TaskSpec& s = env.task().spec();
+            const size_t n = env.num_envs();
+            const int nid = ids ? static_cast<int>(ids->size()) : static_cast<int>(n);
+            StepBuffers out;
+            out.obs = Buffer<mjtNum>(obs, n * s.obs_size, "obs");
+            out.critic = Buffer<mjtNum>(critic, n * s.critic_size, "critic", true);
+            const mjtNum* rows = nullptr;
+            if (!states.is_none()) {
+              rows = Input<mjtNum>(states, static_cast<size_t>(nid) * env.pool().state_size(),
+                                   "initial_state");
+            }
+            const int* ptr = ids ? ids->data() : nullptr;
+            py::gil_scoped_release release;
+            env.Reset(ptr, nid, rows, out);
+          },
+          py::arg("ids"), py::arg("states"), py::arg("obs"), py::arg("critic"))
+      .def(
+          "step",
+          [](TaskEnv& env, py::object actions, py::object obs, py::object critic,
+             py::object reward, py::object terminated, py::object truncated, py::object final_obs,
+             py::object final_critic, py::object episode_return, py::object episode_length) {
+            const TaskSpec& s = env.task().spec();
+            const size_t n = env.num_envs();
+            const mjtNum* act = Input<mjtNum>(actions, n * s.action_size, "actions");
+            StepBuffers out;
+            out.obs = Buffer<mjtNum>(obs, n * s.obs_size, "obs");
+            out.critic = Buffer<mjtNum>(critic, n * s.critic_size, "critic", true);
+            out.reward = Buffer<mjtNum>(reward, n, "reward");
+            out.terminated = Buffer<std::uint8_t>(terminated, n, "terminated");
+            out.truncated = Buffer<std::uint8_t>(truncated, n, "truncated");
+            out.final_obs = Buffer<mjtNum>(final_obs, n * s.obs_size, "final_obs", true);
+            out.final_critic =
+                Buffer<mjtNum>(final_critic, n * s.critic_size, "final_critic", true);
+            out.episode_return = Buffer<mjtNum>(episode_return, n, "episode_return", true);
+            out.episode_length =
+                Buffer<std::int32_t>(episode_length, n, "episode_length", true);
+            py::gil_scoped_release release;
+            env.Step(act, out);
+          },
+          py::arg("actions"), py::arg("obs"), py::arg("critic"), py::arg("reward"),
+          py::arg("terminated"), py::arg("truncated"), py::arg("final_obs"),
+          py::arg("final_critic"), py::arg("episode_return"), py::arg("episode_length"))
+      .def("memory",
+           [](py::object self) {
+             auto& env = self.cast<TaskEnv&>();
+             const int size = env.task().spec().memory_size;
+             return py::array_t<mjtNum>({env.num_envs(), size}, env.memory(), self);
+           })
+      .def("episode_steps", [](py::object self) {
+        auto& env = self.cast<TaskEnv&>();
+        return py::array_t<std::int32_t>({env.num_envs()}, env.episode_steps(), self);
+      });
+}
 
 }  // namespace omnilab

@@ -1,0 +1,115 @@
+// Task: what turns bare physics into an RL environment (observations, rewards, terminations,
+// start states, action-to-control mapping, commands). Every method but the constructor runs
+// inside the pool's worker threads right after the substeps, with the environment's state loaded
+// in d, so each one must be noexcept in spirit: no C++ exceptions, no objects with destructors.
+#pragma once
+
+#include <mujoco/mujoco.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace omnilab {
+
+// A splitmix64 stream per environment: tiny, trivially copyable, and simple enough that the numpy
+// reference tasks reproduce it bit for bit (lightning_unilab/tasks/rng.py).
+struct Rng {
+  std::uint64_t state = 0;
+
+  static std::uint64_t Mix(std::uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Stream of environment env under a user seed.
+  static Rng ForEnv(std::uint64_t seed, int env) {
+    return Rng{Mix(seed + 0x632BE59BD9B4E019ull * static_cast<std::uint64_t>(env + 1))};
+  }
+  std::uint64_t Next() {
+    state += 0x9E3779B97F4A7C15ull;
+    return Mix(state);
+  }
+  // Uniform in [0, 1) with 53 random bits.
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  double Uniform(double low, double high) { return low + (high - low) * Uniform(); }
+  // Standard normal (Box-Muller; one of the pair is dropped to keep the stream simple).
+  double Normal() {
+    const double u1 = 1.0 - Uniform();  // (0, 1]
+    const double u2 = Uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  }
+};
+
+struct TaskSpec {
+  int obs_size = 0;
+  int critic_size = 0;         // 0: no separate critic observation
+  int action_size = 0;
+  int frame_skip = 1;          // substeps per env step
+  int max_episode_steps = 0;   // truncation; 0: none
+  int memory_size = 0;         // mjtNum per env kept between steps (last action, command ...)
+  int resample_steps = 0;      // commands are resampled every this many steps; 0: per episode
+  std::vector<double> action_low, action_high;
+};
+
+// What one env step produced, filled in by Task::Evaluate.
+struct Transition {
+  mjtNum reward = 0;
+  bool terminated = false;
+  bool truncated = false;  // task-level truncation, on top of max_episode_steps
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  const TaskSpec& spec() const { return spec_; }
+
+  // Write a start state into d, which was just mj_resetData'd; mj_forward runs afterwards.
+  virtual void Reset(const mjModel* m, mjData* d, Rng& rng, mjtNum* memory) const = 0;
+  // d is at a start state with mj_forward done (sampled, or given by the caller): prime memory.
+  virtual void Start(const mjModel* /*m*/, const mjData* /*d*/, mjtNum* /*memory*/) const {}
+  // New commands (velocity targets ...) into memory.
+  virtual void Resample(Rng& /*rng*/, mjtNum* /*memory*/) const {}
+  // Map a (finite) action to d->ctrl before the substeps.
+  virtual void Act(const mjModel* m, mjData* d, const mjtNum* action, mjtNum* memory) const = 0;
+  // After the substeps: reward and termination; may update memory.
+  virtual void Evaluate(const mjModel* m, mjData* d, const mjtNum* action, mjtNum* memory,
+                        Transition* out) const = 0;
+  // Observation (and critic observation if spec().critic_size) at the current state.
+  virtual void Observe(const mjModel* m, const mjData* d, const mjtNum* memory, mjtNum* obs,
+                       mjtNum* critic) const = 0;
+
+ protected:
+  TaskSpec spec_;
+};
+
+// Factory: the task's model (for ids and sizes) and named float parameters overriding defaults.
+using TaskParams = std::map<std::string, double>;
+using TaskFactory = std::function<std::unique_ptr<Task>(const mjModel*, const TaskParams&)>;
+
+// Registered task names, sorted.
+std::vector<std::string> TaskNames();
+// Adds a factory; throws if the name is taken.
+void RegisterTask(const std::string& name, TaskFactory factory);
+// Builds a task; throws std::invalid_argument listing the known names for an unknown one, and for
+// parameters the task does not have.
+std::unique_ptr<Task> MakeTask(const std::string& name, const mjModel* m, const TaskParams& params);
+
+// Reads params[key] if present (and marks it used), else fallback; used by factories.
+class ParamReader {
+ public:
+  explicit ParamReader(const TaskParams& params) : params_(params) {}
+  double Get(const std::string& key, double fallback);
+  // Throws std::invalid_argument naming any parameter that no Get asked for.
+  void CheckAllUsed(const std::string& task) const;
+
+ private:
+  const TaskParams& params_;
+  std::vector<std::string> used_;
+};
+
+}  // namespace omnilab

@@ -1,0 +1,78 @@
+// The task registry: a function-local map of factories, filled by the task files' registrars.
+#include <algorithm>
+#include <stdexcept>
+
+#include "omnilab/task.h"
+
+namespace omnilab {
+
+namespace {
+
+std::map<std::string, TaskFactory>& Registry() {
+  static std::map<std::string, TaskFactory> registry;
+  return registry;
+}
+
+std::string Join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+}  // namespace
+
+void RegisterGymTasks();
+void RegisterG1Tasks();
+
+namespace {
+void EnsureRegistered() {
+  static const bool done = [] {
+    RegisterGymTasks();
+    RegisterG1Tasks();
+    return true;
+  }();
+  (void)done;
+}
+}  // namespace
+
+std::vector<std::string> TaskNames() {
+  EnsureRegistered();
+  std::vector<std::string> names;
+  for (const auto& entry : Registry()) names.push_back(entry.first);
+  return names;
+}
+
+void RegisterTask(const std::string& name, TaskFactory factory) {
+  if (!Registry().emplace(name, std::move(factory)).second) {
+    throw std::invalid_argument("task '" + name + "' is registered twice");
+  }
+}
+
+std::unique_ptr<Task> MakeTask(const std::string& name, const mjModel* m,
+                               const TaskParams& params) {
+  EnsureRegistered();
+  auto it = Registry().find(name);
+  if (it == Registry().end()) {
+    throw std::invalid_argument("unknown task '" + name + "'; known tasks: " + Join(TaskNames()));
+  }
+  return it->second(m, params);
+}
+
+double ParamReader::Get(const std::string& key, double fallback) {
+  used_.push_back(key);
+  auto it = params_.find(key);
+  return it == params_.end() ? fallback : it->second;
+}
+
+void ParamReader::CheckAllUsed(const std::string& task) const {
+  for (const auto& entry : params_) {
+    if (std::find(used_.begin(), used_.end(), entry.first) == used_.end()) {
+      std::vector<std::string> known = used_;
+      std::sort(known.begin(), known.end());
+      throw std::invalid_argument("task '" + task + "' has no parameter '" + entry.first +
+                                  "'; it has: " + Join(known));
+    }
+  }
+}
+
+}  // namespace omnilab

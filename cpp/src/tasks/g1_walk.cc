@@ -1,0 +1,5 @@
+#include "omnilab/task.h"
+
+namespace omnilab {
+void RegisterG1Tasks() {}
+}  // namespace omnilab

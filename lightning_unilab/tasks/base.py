@@ -1,0 +1,97 @@
+"""The task interface shared by C++ tasks and numpy tasks.
+
+A task turns physics into an RL environment: it samples start states, maps actions to controls,
+computes rewards, terminations and observations, and resamples commands. The C++ tasks
+(cpp/src/tasks/) run fused inside the pool's worker threads; a :class:`NumpyTask` runs the same
+steps in numpy, vectorized over envs, between pool calls: slower, but quick to write, and the test
+reference of the C++ tasks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import mujoco
+import numpy as np
+
+from lightning_unilab.tasks.rng import EnvRng
+
+if TYPE_CHECKING:
+    from lightning_unilab.pool import BatchEnvPool
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Sizes and limits of a task (the same fields as ``omnilab::TaskSpec``)."""
+
+    obs_size: int
+    action_size: int
+    frame_skip: int
+    max_episode_steps: int
+    action_low: np.ndarray
+    action_high: np.ndarray
+    critic_size: int = 0
+    memory_size: int = 0
+    resample_steps: int = 0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TaskSpec:
+        return cls(**{k: np.asarray(v, np.float64) if k.startswith("action_l") or
+                      k.startswith("action_h") else v for k, v in d.items()})
+
+
+@dataclass
+class Transition:
+    """Per-env results of one step, for the envs that stepped."""
+
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+
+
+class NumpyTask(ABC):
+    """A task written in numpy; every method works on the rows ``ids`` of all envs at once.
+
+    ``memory`` is the (num_envs, spec.memory_size) float64 array the task keeps between steps.
+    The pool holds the physics; ``outputs`` names the derived mjData arrays the task reads (they
+    describe the state after the last substep's forward pass, as in C++).
+    """
+
+    name: str = "numpy-task"
+    outputs: dict[str, Any] = {}
+
+    @abstractmethod
+    def model(self) -> mujoco.MjModel:
+        """The model the task runs on."""
+
+    @property
+    @abstractmethod
+    def spec(self) -> TaskSpec: ...
+
+    @abstractmethod
+    def reset(self, pool: BatchEnvPool, ids: np.ndarray, rng: EnvRng,
+              memory: np.ndarray) -> None:
+        """Write start states into the pool's state views (the rows are at model defaults)."""
+
+    def start(self, pool: BatchEnvPool, ids: np.ndarray, memory: np.ndarray) -> None:  # noqa: B027
+        """Prime memory at a start state (forward pass done)."""
+
+    def resample(self, ids: np.ndarray, rng: EnvRng, memory: np.ndarray) -> None:  # noqa: B027
+        """New commands into memory."""
+
+    @abstractmethod
+    def act(self, pool: BatchEnvPool, ids: np.ndarray, actions: np.ndarray,
+            memory: np.ndarray) -> None:
+        """Map finite actions (rows of ids) to pool.ctrl."""
+
+    @abstractmethod
+    def evaluate(self, pool: BatchEnvPool, ids: np.ndarray, actions: np.ndarray,
+                 memory: np.ndarray) -> Transition:
+        """Reward and termination after the substeps."""
+
+    @abstractmethod
+    def observe(self, pool: BatchEnvPool, ids: np.ndarray, memory: np.ndarray,
+                obs: np.ndarray, critic: np.ndarray | None) -> None:
+        """Write observation rows of ids into obs (and critic)."""

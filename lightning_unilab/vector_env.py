@@ -1,0 +1,363 @@
+"""TaskVectorEnv: N environments of one task on a BatchEnvPool, one C++ call per step.
+
+    env = TaskVectorEnv("g1-walk-flat", num_envs=1024)
+    obs, info = env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(actions)
+
+With a C++ task (a name from ``_core.task_names()``), a step is one call into the pool's worker
+threads with the GIL released: per env, actions -> controls -> substeps with instability rollback
+-> reward, termination, observation -> auto-reset, written straight into the output arrays.
+A :class:`~lightning_unilab.tasks.NumpyTask` runs the same steps in numpy between pool calls.
+
+Auto-reset, in gymnasium's terms (``gymnasium.vector.AutoresetMode``):
+
+- ``"same_step"`` (default): an env whose episode ends in a step restarts within that step; the
+  returned obs row is the new episode's first obs, the last obs of the finished episode is in
+  ``info["final_obs"]`` (and ``info["final_critic_obs"]``), valid where ``info["done"]``.
+- ``"next_step"``: the finished env returns its last obs; the next step restarts it, ignores its
+  action and returns reward 0, terminated and truncated False.
+
+``info["episode_return"]`` and ``info["episode_length"]`` hold the totals of the episodes that
+ended in this step (rows where ``info["done"]``). Truncation: the task's time limit, or an env
+rolled back after a MuJoCo warning (status bits in ``pool.status``).
+
+Outputs: the returned arrays are the env's output buffers (or the ``out`` the caller passes), and
+the next step overwrites them: copy what you keep.
+
+Bad actions: ``nonfinite="raise"`` (default) raises ValueError naming the envs, before any env
+steps. ``nonfinite="truncate"`` skips the check: an env with NaN or inf in its action is not
+stepped, keeps its state, gets STATUS_BAD_ACTION in ``pool.status`` and its episode is truncated
+(then auto-reset); the others step normally (C++ tasks only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mujoco
+import numpy as np
+
+from lightning_unilab import _core, tasks
+from lightning_unilab.pool import BatchEnvPool
+from lightning_unilab.tasks.base import NumpyTask, TaskSpec
+from lightning_unilab.tasks.rng import EnvRng
+
+__all__ = ["AUTORESET_MODES", "STATUS_BAD_ACTION", "StepBuffers", "TaskVectorEnv"]
+
+STATUS_BAD_ACTION: int = _core.STATUS_BAD_ACTION
+AUTORESET_MODES = ("same_step", "next_step")
+
+# (rng, env ids) -> {pool randomization field: values for those envs}
+Randomizer = Callable[[np.random.Generator, np.ndarray], Mapping[str, np.ndarray]]
+
+
+@dataclass
+class StepBuffers:
+    """Output arrays of a step, num_envs rows each; the caller may supply its own (ring slots)."""
+
+    obs: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: np.ndarray
+    episode_return: np.ndarray
+    episode_length: np.ndarray
+    critic: np.ndarray | None = None
+    final_critic: np.ndarray | None = None
+
+    @classmethod
+    def allocate(cls, num_envs: int, spec: TaskSpec) -> StepBuffers:
+        critic = spec.critic_size
+        return cls(
+            obs=np.zeros((num_envs, spec.obs_size)),
+            reward=np.zeros(num_envs),
+            terminated=np.zeros(num_envs, bool),
+            truncated=np.zeros(num_envs, bool),
+            final_obs=np.zeros((num_envs, spec.obs_size)),
+            episode_return=np.zeros(num_envs),
+            episode_length=np.zeros(num_envs, np.int32),
+            critic=np.zeros((num_envs, critic)) if critic else None,
+            final_critic=np.zeros((num_envs, critic)) if critic else None,
+        )
+
+    def check(self, num_envs: int, spec: TaskSpec) -> None:
+        """Shapes, dtypes, contiguity: the C++ side writes through raw pointers."""
+        want = {
+            "obs": ((num_envs, spec.obs_size), np.float64),
+            "reward": ((num_envs,), np.float64),
+            "terminated": ((num_envs,), np.bool_),
+            "truncated": ((num_envs,), np.bool_),
+            "final_obs": ((num_envs, spec.obs_size), np.float64),
+            "episode_return": ((num_envs,), np.float64),
+            "episode_length": ((num_envs,), np.int32),
+        }
+        if spec.critic_size:
+            want["critic"] = want["final_critic"] = ((num_envs, spec.critic_size), np.float64)
+        for name, (shape, dtype) in want.items():
+            arr = getattr(self, name)
+            if not isinstance(arr, np.ndarray) or arr.shape != shape or arr.dtype != dtype:
+                got = (f"{arr.dtype}{list(arr.shape)}" if isinstance(arr, np.ndarray)
+                       else type(arr).__name__)
+                raise ValueError(f"out.{name}: expected a {np.dtype(dtype)} array of shape "
+                                 f"{shape}, got {got}")
+            if not arr.flags.c_contiguous or not arr.flags.writeable:
+                raise ValueError(f"out.{name}: expected a writable C-contiguous array")
+
+
+class TaskVectorEnv:
+    """num_envs copies of a task, stepped together.
+
+    Args:
+        task: a registered task name (see ``lightning_unilab.tasks.task_names()``) or a
+            :class:`NumpyTask` instance.
+        num_envs, num_threads: as for :class:`BatchEnvPool`.
+        autoreset: "same_step" or "next_step" (see the module doc).
+        params: task parameters overriding defaults (C++ tasks; e.g. {"ctrl_cost_weight": 0.2}).
+        randomization: optional function (rng, ids) -> {pool model field: values} applied through
+            ``BatchEnvPool.reset(randomization=...)`` to every env at reset() and to each env
+            whose episode ended, before its next episode's first step.
+        nonfinite: "raise" or "truncate" (see the module doc).
+        seed: seed of the start-state streams (reset(seed=...) re-seeds).
+    """
+
+    def __init__(
+        self,
+        task: str | NumpyTask,
+        num_envs: int,
+        num_threads: int | None = None,
+        *,
+        autoreset: str = "same_step",
+        params: Mapping[str, float] | None = None,
+        randomization: Randomizer | None = None,
+        nonfinite: str = "raise",
+        seed: int = 0,
+    ) -> None:
+        if autoreset not in AUTORESET_MODES:
+            raise ValueError(f"autoreset: expected one of {AUTORESET_MODES}, got {autoreset!r}")
+        if nonfinite not in ("raise", "truncate"):
+            raise ValueError(f"nonfinite: expected 'raise' or 'truncate', got {nonfinite!r}")
+        self.autoreset = autoreset
+        self.nonfinite = nonfinite
+        self._randomization = randomization
+        self._np_rng = np.random.default_rng(seed)
+        if isinstance(task, NumpyTask):
+            self._numpy: NumpyTask | None = task
+            self.name = task.name
+            if params:
+                raise ValueError("params: a NumpyTask takes its parameters in its constructor")
+            self.pool = BatchEnvPool(task.model(), num_envs, num_threads, outputs=task.outputs,
+                                     stage="none")
+            self._core = None
+            self.spec = task.spec
+            self._memory = np.zeros((num_envs, self.spec.memory_size))
+            self._rng = EnvRng(num_envs, seed)
+            self._length = np.zeros(num_envs, np.int32)
+            self._return = np.zeros(num_envs)
+            self._pending = np.zeros(num_envs, bool)
+        elif isinstance(task, str):
+            info = tasks.get(task)
+            self._numpy = None
+            self.name = info.name
+            self.pool = BatchEnvPool(info.load_model(), num_envs, num_threads)
+            clean = {str(k): float(v) for k, v in (params or {}).items()}
+            self._core = _core.TaskEnv(self.pool._pool, info.name, clean,
+                                       autoreset == "same_step")
+            self.spec = TaskSpec.from_dict(self._core.spec)
+            self._memory = self._core.memory()
+            self._core.seed(None, int(seed) % 2**64)
+        else:
+            raise TypeError(f"task: expected a task name or a NumpyTask, got {type(task).__name__}")
+        self.num_envs = self.pool.num_envs
+        self.buffers = StepBuffers.allocate(self.num_envs, self.spec)
+        self._all = np.arange(self.num_envs)
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def model(self) -> mujoco.MjModel:
+        return self.pool.model
+
+    @property
+    def memory(self) -> np.ndarray:
+        """Live (num_envs, memory_size) task memory (commands, last actions ...)."""
+        return self._memory
+
+    def reset(
+        self,
+        seed: int | None = None,
+        ids: np.ndarray | None = None,
+        initial_state: np.ndarray | None = None,
+        out: StepBuffers | None = None,
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start new episodes in ids (default: all), sampled or from initial_state rows.
+
+        seed re-seeds the start-state streams of those envs (env i's stream depends on seed
+        and i only, so results do not depend on num_threads). Returns obs and info with
+        "critic_obs" for tasks that have one; only the rows of ids are written.
+        """
+        out = self._out(out)
+        sel = self.pool._ids(ids)
+        idx = self._all if sel is None else sel.astype(np.int64)
+        rows = None
+        if initial_state is not None:
+            rows = self.pool._broadcast("initial_state", initial_state,
+                                        (len(idx), self.pool.state_size))
+        if seed is not None:
+            if self._core is not None:
+                self._core.seed(sel, int(seed) % 2**64)
+            else:
+                self._rng.seed(idx, int(seed))
+            self._np_rng = np.random.default_rng(seed)
+        if self._randomization is not None:
+            self._randomize(idx)
+        if self._core is not None:
+            self._core.reset(sel, rows, out.obs, out.critic)
+        else:
+            self._start(idx, rows, out)
+        return out.obs, self._info(out, reset=True)
+
+    def step(
+        self, actions: np.ndarray, out: StepBuffers | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """One env step of every env; see the module doc for auto-reset and outputs."""
+        out = self._out(out)
+        acts = self._actions(actions)
+        if self._core is not None:
+            self._core.step(acts, out.obs, out.critic, out.reward, out.terminated.view(np.uint8),
+                            out.truncated.view(np.uint8), out.final_obs, out.final_critic,
+                            out.episode_return, out.episode_length)
+        else:
+            self._numpy_step(acts, out)
+        done = out.terminated | out.truncated
+        if self._randomization is not None and done.any():
+            self._randomize(np.flatnonzero(done), keep_state=True)
+        return out.obs, out.reward, out.terminated, out.truncated, self._info(out, done=done)
+
+    def close(self) -> None:
+        self._core = None
+        self.pool.close()
+
+    def __repr__(self) -> str:
+        return (f"TaskVectorEnv({self.name!r}, num_envs={self.num_envs}, "
+                f"autoreset={self.autoreset!r}, {'numpy' if self._numpy else 'C++'})")
+
+    # ------------------------------------------------------------------ internals
+
+    def _out(self, out: StepBuffers | None) -> StepBuffers:
+        if out is None:
+            return self.buffers
+        out.check(self.num_envs, self.spec)
+        return out
+
+    def _actions(self, actions: Any) -> np.ndarray:
+        shape = (self.num_envs, self.spec.action_size)
+        arr = np.asarray(actions)
+        if arr.dtype.kind != "f":
+            raise TypeError(f"actions: expected floating-point actions of shape {shape}, got "
+                            f"dtype {arr.dtype}")
+        if arr.shape != shape:
+            raise ValueError(f"actions: expected shape {shape} (num_envs, action_size), got "
+                             f"{arr.shape}")
+        arr = np.ascontiguousarray(arr, dtype=np.float64)
+        if self.nonfinite == "raise" or self._core is None:
+            bad = ~np.isfinite(arr).all(axis=1)
+            if bad.any():
+                envs = np.flatnonzero(bad)
+                raise ValueError(f"actions: NaN or inf in the actions of env(s) "
+                                 f"{envs[:8].tolist()}{' ...' if len(envs) > 8 else ''}; "
+                                 "no env was stepped")
+        return arr
+
+    def _info(self, out: StepBuffers, reset: bool = False,
+              done: np.ndarray | None = None) -> dict[str, Any]:
+        info: dict[str, Any] = {}
+        if out.critic is not None:
+            info["critic_obs"] = out.critic
+        if reset:
+            return info
+        info["done"] = done
+        info["episode_return"] = out.episode_return
+        info["episode_length"] = out.episode_length
+        if self.autoreset == "same_step":
+            info["final_obs"] = out.final_obs
+            if out.final_critic is not None:
+                info["final_critic_obs"] = out.final_critic
+        return info
+
+    def _randomize(self, ids: np.ndarray, keep_state: bool = False) -> None:
+        assert self._randomization is not None
+        fields = dict(self._randomization(self._np_rng, ids))
+        sel = ids.astype(np.int32)
+        state = self.pool.state[sel].copy() if keep_state else None
+        self.pool.reset(sel, initial_state=state, randomization=fields)
+
+    # numpy task path: the same steps as TaskEnv::StepKernel, vectorized over envs
+
+    def _start(self, ids: np.ndarray, rows: np.ndarray | None, out: StepBuffers) -> None:
+        task = self._numpy
+        assert task is not None
+        sel = ids.astype(np.int32)
+        if rows is not None:
+            self.pool.reset(sel)
+            self.pool.reset(sel, initial_state=rows)
+        else:
+            self.pool.reset(sel)
+            task.reset(self.pool, ids, self._rng, self._memory)
+        self.pool.forward(sel, "acc")
+        task.start(self.pool, ids, self._memory)
+        task.resample(ids, self._rng, self._memory)
+        self._return[ids] = 0
+        self._length[ids] = 0
+        self._pending[ids] = False
+        task.observe(self.pool, ids, self._memory, out.obs, out.critic)
+
+    def _numpy_step(self, actions: np.ndarray, out: StepBuffers) -> None:
+        task = self._numpy
+        assert task is not None
+        spec = self.spec
+        pending = np.flatnonzero(self._pending)
+        active = np.flatnonzero(~self._pending)
+        if len(pending):
+            self._start(pending, None, out)
+            out.reward[pending] = 0
+            out.terminated[pending] = False
+            out.truncated[pending] = False
+        if not len(active):
+            return
+        status_before = self.pool.status[active].copy()
+        task.act(self.pool, active, actions[active], self._memory)
+        self.pool.step(active.astype(np.int32), nstep=spec.frame_skip, stage="none")
+        raised = self.pool.status[active] != status_before
+        if raised.any():
+            self.pool.forward(active[raised].astype(np.int32), "acc")
+        tr = task.evaluate(self.pool, active, actions[active], self._memory)
+        truncated = np.zeros(len(active), bool) if tr.truncated.size == 0 else tr.truncated.copy()
+        truncated |= raised
+        self._return[active] += tr.reward
+        self._length[active] += 1
+        length = self._length[active]
+        if spec.max_episode_steps > 0:
+            truncated |= length >= spec.max_episode_steps
+        terminated = np.asarray(tr.terminated, bool)
+        if spec.resample_steps > 0:
+            due = (length % spec.resample_steps == 0) & ~terminated & ~truncated
+            if due.any():
+                task.resample(active[due], self._rng, self._memory)
+        task.observe(self.pool, active, self._memory, out.obs, out.critic)
+        out.reward[active] = tr.reward
+        out.terminated[active] = terminated
+        out.truncated[active] = truncated
+        done = active[terminated | truncated]
+        if not len(done):
+            return
+        out.episode_return[done] = self._return[done]
+        out.episode_length[done] = self._length[done]
+        if self.autoreset == "next_step":
+            self._pending[done] = True
+            return
+        out.final_obs[done] = out.obs[done]
+        if out.critic is not None and out.final_critic is not None:
+            out.final_critic[done] = out.critic[done]
+        self._start(done, None, out)
