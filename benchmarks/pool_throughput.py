@@ -130,11 +130,13 @@ def measure(quick: bool) -> dict:
         return nroll * NSTEP * calls
 
     rates: dict[str, list[float]] = {"pool": [], "batch": [], "rollout": []}
+    runs = {"pool": run_pool, "batch": run_batch, "rollout": run_rollout}
     run_pool(), run_batch(), run_rollout()  # warm caches and thread pools
+    order = list(runs)
     for _ in range(rounds):
-        best_rate(run_batch, rates["batch"])
-        best_rate(run_pool, rates["pool"])
-        best_rate(run_rollout, rates["rollout"])
+        for name in order:
+            best_rate(runs[name], rates[name])
+        order.reverse()  # no system always runs first or last
 
     # the two engines are the same physics: prove it on the benchmark's own data
     run_pool(), run_batch()
@@ -181,6 +183,8 @@ def measure(quick: bool) -> dict:
         "rss_mb_randomized": rss,
         "rss_mb_before_pool": rss_before,
         "rounds": rates,
+        # per-round ratios: robust to a neighbour that slows one round down
+        "median_round_pool_vs_batch": float(np.median(np.divide(rates["pool"], rates["batch"]))),
     }
     return result
 
