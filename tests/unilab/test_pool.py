@@ -100,11 +100,19 @@ def test_written_ctrl_and_mocap_drive_the_next_step(arm_model):
     assert not np.array_equal(pool.qpos[0], pool.qpos[1])
 
 
-def test_memory_is_state_rows_not_mjdata_per_env(arm_model):
-    """N x state row: the pool's own arrays; mjData exists once per thread."""
-    pool = BatchEnvPool(arm_model, 1000, 2)
-    assert pool.state.nbytes == 1000 * pool.state_size * 8
-    assert pool.state_size < mujoco.MjData(arm_model).qpos.size * 100
+def test_memory_grows_with_state_rows_not_mjdata_per_env(arm_model):
+    """20k envs cost about 20k state rows; one mjData per env would cost far more."""
+    psutil = pytest.importorskip("psutil", reason="psutil (dev extra) measures resident memory")
+    n = 20_000
+    row_bytes = mujoco.mj_stateSize(arm_model, INTEGRATION) * 8
+    data_bytes = arm_model.narena + arm_model.nbuffer  # what one mjData allocates
+    assert data_bytes > 20 * row_bytes  # the test can tell the two apart
+    before = psutil.Process().memory_info().rss
+    pool = BatchEnvPool(arm_model, n, 2)
+    pool.reset(randomization={"body_mass": arm_model.body_mass * 1.1})
+    pool.step(nstep=1)
+    grown = psutil.Process().memory_info().rss - before
+    assert grown < 4 * n * row_bytes + 64 * 2**20, (grown, n * row_bytes, n * data_bytes)
 
 
 # ---------------------------------------------------------------- 3/4. step and forward
