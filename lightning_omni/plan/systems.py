@@ -74,12 +74,14 @@ class ParallelConfig:
     recompute: bool = False
     encoder_gpus: int = 0
     encoder_tp: int = 1
+    encoder_recompute: bool = False
 
     def __str__(self) -> str:
         text = f"TP{self.tp} PP{self.pp} DP{self.dp}" + (" +recompute" if self.recompute else "")
+        text += " +enc-recompute" if self.encoder_recompute else ""
         if self.encoder_gpus:
             text += f" enc{self.encoder_gpus}gpu"
-        if self.encoder_tp > 1 or self.encoder_gpus:
+        if self.encoder_gpus or (self.encoder_tp != self.tp):
             text += f" encTP{self.encoder_tp}"
         return text
 
@@ -284,7 +286,8 @@ class StepPricer:
         lens = self.d.enc_tokens[idx]
         fwd = self.cost.stack_seconds_each(enc, lens, enc.layers, tp, "fwd",
                                            batch_tokens=batch_tokens)
-        mem = self.cost.activation_bytes(enc, 1.0, enc.layers, tp, self.cfg.recompute) * lens
+        mem = self.cost.activation_bytes(enc, 1.0, enc.layers, tp,
+                                         self.cfg.encoder_recompute) * lens
         a2a = enc.layers * 4 * lens * enc.hidden * BYTES_BF16 / tp / \
             self.sc.hardware.nvlink_bytes_per_s
         return [WorkItem(i, float(f), float(b), float(a))
@@ -292,7 +295,7 @@ class StepPricer:
 
     @property
     def bwd_ratio(self) -> float:
-        return self.cost.backward_factor + (1.0 if self.cfg.recompute else 0.0)
+        return self.cost.backward_factor + (1.0 if self.cfg.encoder_recompute else 0.0)
 
     def enc_static_bytes(self, tp: int, replicas: int) -> float:
         return self.cost.param_bytes(self.sc.encoder.total_params, tp, replicas)
@@ -359,10 +362,9 @@ class StepPricer:
         for m, mb in enumerate(self.mbs):
             lens = self.d.enc_tokens[mb]
             lens = lens[lens > 0]
-            enc_fwd[0, m] = self.cost.stack_seconds(enc, lens, enc.layers, cfg.tp, "fwd",
-                                                    cfg.recompute)
+            enc_fwd[0, m] = self.cost.stack_seconds(enc, lens, enc.layers, cfg.tp, "fwd")
             enc_mem[0, m] = self.cost.activation_bytes(enc, float(lens.sum()), enc.layers, cfg.tp,
-                                                       cfg.recompute)
+                                                       cfg.encoder_recompute)
         static = [self.llm_static_bytes(s) for s in range(cfg.pp)]
         static[0] += self.enc_static_bytes(cfg.tp, cfg.dp)
         grad = [self._llm_grad_bytes(s) for s in range(cfg.pp)]
@@ -381,7 +383,7 @@ class StepPricer:
         width = max(1, int(lanes))
         scale = width / lanes
         for m, mb in enumerate(self.mbs):
-            key = ("disagg", cfg.dp, m, cfg.encoder_tp, width, cfg.recompute)
+            key = ("disagg", cfg.dp, m, cfg.encoder_tp, width, cfg.encoder_recompute)
             if key not in self.d.splits:
                 tokens = float(self.d.enc_tokens[mb].sum())
                 items = self.enc_items(mb, cfg.encoder_tp, max(tokens / width, 1.0))
@@ -421,7 +423,7 @@ class StepPricer:
             for r, assigned in enumerate(spread.assignment):
                 if not assigned:
                     continue
-                key = ("omni", cfg.dp, pp, m, r, cfg.encoder_tp, lanes, cfg.recompute)
+                key = ("omni", cfg.dp, pp, m, r, cfg.encoder_tp, lanes, cfg.encoder_recompute)
                 if key not in self.d.splits:
                     tokens = float(self.d.enc_tokens[list(assigned)].sum())
                     items = self.enc_items(assigned, cfg.encoder_tp, max(tokens / lanes, 1.0))
@@ -481,6 +483,7 @@ def _check_config(system: str, scenario: Scenario, cfg: ParallelConfig) -> None:
 # ---- grid search -----------------------------------------------------------------------------
 TP_CHOICES = (1, 2, 4, 8)
 PP_CHOICES = (1, 2, 4, 8, 16)
+RECOMPUTE_CHOICES = ((False, False), (False, True), (True, True))  # (LLM, encoder)
 
 
 def candidate_configs(system: str, scenario: Scenario) -> list[ParallelConfig]:
@@ -503,17 +506,19 @@ def candidate_configs(system: str, scenario: Scenario) -> list[ParallelConfig]:
                 dp = llm_gpus // (tp * pp)
                 if dp < 1 or dp > scenario.global_batch:
                     continue
-                for recompute in (False, True):
+                for recompute, enc_recompute in RECOMPUTE_CHOICES:
                     if system == "megatron":
-                        out.append(ParallelConfig(tp, pp, dp, recompute))
+                        out.append(ParallelConfig(tp, pp, dp, recompute, 0, tp, enc_recompute))
                     elif system == "disaggregated":
                         for etp in TP_CHOICES:
                             if etp <= pool and pool % etp == 0:
-                                out.append(ParallelConfig(tp, pp, dp, recompute, pool, etp))
+                                out.append(ParallelConfig(tp, pp, dp, recompute, pool, etp,
+                                                          enc_recompute))
                     else:
                         for etp in TP_CHOICES:
                             if tp % etp == 0:
-                                out.append(ParallelConfig(tp, pp, dp, recompute, 0, etp))
+                                out.append(ParallelConfig(tp, pp, dp, recompute, 0, etp,
+                                                          enc_recompute))
     return out
 
 
@@ -524,26 +529,47 @@ class SearchResult:
     screened: int
 
 
+def static_memory_fits(pricer: StepPricer) -> bool:
+    """Weights, gradients and optimizer state alone fit: a cheap first filter of the grid."""
+    cfg, cap = pricer.cfg, pricer.sc.hardware.memory_cap_bytes
+    stage0 = pricer.llm_static_bytes(0)
+    if pricer.system == "megatron":
+        stage0 += pricer.enc_static_bytes(cfg.tp, cfg.dp)
+    elif pricer.system == "omni":
+        stage0 += pricer.enc_static_bytes(cfg.encoder_tp, cfg.dp * cfg.pp
+                                          * (cfg.tp // cfg.encoder_tp))
+    else:
+        pool = (pricer.enc_static_bytes(cfg.encoder_tp, cfg.encoder_gpus // cfg.encoder_tp)
+                + pricer.cost.runtime_overhead_bytes)
+        if pool > cap:
+            return False
+    return stage0 <= cap and pricer.llm_static_bytes(cfg.pp - 1) <= cap
+
+
 def estimate(pricer: StepPricer) -> tuple[float, float]:
-    """Closed-form (step seconds, worst peak bytes) used only to rank candidates before
-    simulating the most promising ones. Same formula shape for every system."""
+    """(step seconds, worst peak bytes) without the event simulation.
+
+    Peak memory is exact: it depends only on each rank's program order. Time is the busiest
+    rank's work plus a pipeline warm-up term; it only ranks candidates before simulating the
+    most promising ones, with the same formula for every system.
+    """
     priced = pricer.build()
     sched, c = priced.schedule, priced.costs
-    n = pricer.num_mb
-    per_rank = []
-    peak = []
+    per_rank, peak = [], []
     for rank, prog in enumerate(sched.actions):
-        work = sum(c.compute_seconds(rank, a) if a.kind in COMPUTE_KINDS
-                   else c.collective_seconds(rank, a) if a.kind == Kind.ALLREDUCE else 0.0
-                   for a in prog)
+        work = 0.0
+        live = top = c.static_memory_bytes(rank)
+        for a in prog:
+            if a.kind in COMPUTE_KINDS:
+                work += c.compute_seconds(rank, a)
+                live += c.memory_delta_bytes(rank, a)
+                top = max(top, live)
+            elif a.kind == Kind.ALLREDUCE:
+                work += c.collective_seconds(rank, a)
         per_rank.append(work)
-        fwd_mem = [c.memory_delta_bytes(rank, a) for a in prog
-                   if a.kind in (Kind.LLM_FWD, Kind.ENC_FWD)]
-        bound = max(sched.llm_in_flight_bound[rank], sched.encoder_in_flight_bound[rank], 1)
-        top = sorted(fwd_mem, reverse=True)[:bound]
-        peak.append(c.static_memory_bytes(rank) + sum(top))
+        peak.append(top)
     slowest = max(per_rank)
-    warm = (sched.num_stages - 1) * slowest / max(n, 1)
+    warm = (sched.num_stages - 1) * slowest / max(pricer.num_mb, 1)
     return slowest + warm, max(peak)
 
 
@@ -556,7 +582,11 @@ def search(system: str, scenario: Scenario, cost: CostModel | None = None,
     cap = scenario.hardware.memory_cap_bytes
     scored = []
     for cfg in candidate_configs(system, scenario):
-        est_t, est_mem = estimate(StepPricer(data, system, cfg))
+        pricer = StepPricer(data, system, cfg)
+        if not static_memory_fits(pricer):
+            scored.append((True, math.inf, cfg))
+            continue
+        est_t, est_mem = estimate(pricer)
         scored.append((est_mem > cap, est_t if est_mem <= cap else est_mem, cfg))
     _require(bool(scored), "scenario", f"at least one layout for {system}", scenario.name)
     scored.sort(key=lambda x: (x[0], x[1], x[2]))
