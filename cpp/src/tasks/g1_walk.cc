@@ -1,5 +1,214 @@
+// g1-walk-flat: the 29-DoF Unitree G1 on flat ground tracking a commanded planar velocity and yaw
+// rate, in the style of MuJoCo Playground's G1 joystick task (our own terms and weights, all in
+// docs/unilab/tasks.md). lightning_unilab/tasks/g1_walk.py is the numpy twin and test reference:
+// change both together.
+//
+// Sensor values are those of the last substep's forward pass (as mj_step leaves them, one
+// substep stale), which costs no extra forward pass per control step.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
 #include "omnilab/task.h"
 
 namespace omnilab {
-void RegisterG1Tasks() {}
+
+namespace {
+
+constexpr int kJoints = 29;
+// memory layout
+constexpr int kLastAction = 0;
+constexpr int kCommand = kLastAction + kJoints;
+constexpr int kAirTime = kCommand + 3;
+constexpr int kLastContact = kAirTime + 2;
+constexpr int kStep = kLastContact + 2;
+constexpr int kMemory = kStep + 1;
+constexpr int kObs = 3 + 3 + kJoints + kJoints + kJoints + 3 + 2;  // 98
+constexpr int kCritic = kObs + 3 + 1 + 2 + 2;                       // 106
+
+class G1WalkFlat : public Task {
+ public:
+  G1WalkFlat(const mjModel* m, ParamReader& p) {
+    if (m->nu != kJoints || m->nq != 7 + kJoints || m->nv != 6 + kJoints) {
+      throw std::invalid_argument("g1-walk-flat needs the 29-DoF G1 model (nu 29, nq 36)");
+    }
+    const double ctrl_dt = p.Get("ctrl_dt", 0.02);
+    spec_.frame_skip = static_cast<int>(std::lround(ctrl_dt / m->opt.timestep));
+    if (spec_.frame_skip < 1) throw std::invalid_argument("g1-walk-flat: ctrl_dt < timestep");
+    dt_ = spec_.frame_skip * m->opt.timestep;
+    spec_.max_episode_steps = static_cast<int>(std::lround(p.Get("episode_length_s", 20.0) / dt_));
+    spec_.resample_steps = static_cast<int>(p.Get("resample_steps", 0));
+    spec_.obs_size = kObs;
+    spec_.critic_size = kCritic;
+    spec_.action_size = kJoints;
+    spec_.memory_size = kMemory;
+    spec_.action_low.assign(kJoints, -1.0);
+    spec_.action_high.assign(kJoints, 1.0);
+
+    action_scale_ = p.Get("action_scale", 0.5);
+    joint_noise_ = p.Get("reset_joint_noise", 0.1);
+    base_vel_noise_ = p.Get("reset_base_vel_noise", 0.2);
+    command_low_[0] = p.Get("command_vx_min", -1.0);
+    command_high_[0] = p.Get("command_vx_max", 1.0);
+    command_low_[1] = p.Get("command_vy_min", -0.5);
+    command_high_[1] = p.Get("command_vy_max", 0.5);
+    command_low_[2] = p.Get("command_yaw_min", -1.0);
+    command_high_[2] = p.Get("command_yaw_max", 1.0);
+    gait_frequency_ = p.Get("gait_frequency", 1.25);
+    min_height_ = p.Get("min_base_height", 0.55);
+    cos_max_tilt_ = std::cos(p.Get("max_tilt_deg", 25.0) * M_PI / 180.0);
+    sigma_ = p.Get("tracking_sigma", 0.25);
+    air_threshold_ = p.Get("air_time_threshold", 0.4);
+    w_lin_ = p.Get("w_tracking_lin_vel", 1.0);
+    w_ang_ = p.Get("w_tracking_ang_vel", 0.5);
+    w_linz_ = p.Get("w_lin_vel_z", -2.0);
+    w_angxy_ = p.Get("w_ang_vel_xy", -0.05);
+    w_orient_ = p.Get("w_orientation", -1.0);
+    w_torque_ = p.Get("w_torques", -1e-5);
+    w_rate_ = p.Get("w_action_rate", -0.01);
+    w_air_ = p.Get("w_feet_air_time", 2.0);
+    w_slip_ = p.Get("w_feet_slip", -0.25);
+    w_term_ = p.Get("w_termination", -1.0);
+
+    const int key = mj_name2id(m, mjOBJ_KEY, "knees_bent");
+    const mjtNum* pose = key >= 0 ? m->key_qpos + static_cast<size_t>(key) * m->nq : m->qpos0;
+    for (int i = 0; i < 7 + kJoints; ++i) home_[i] = pose[i];
+    gyro_ = Sensor(m, "gyro_pelvis", 3);
+    local_linvel_ = Sensor(m, "local_linvel_pelvis", 3);
+    global_linvel_ = Sensor(m, "global_linvel_pelvis", 3);
+    foot_linvel_[0] = Sensor(m, "left_foot_global_linvel", 3);
+    foot_linvel_[1] = Sensor(m, "right_foot_global_linvel", 3);
+    foot_contact_[0] = Sensor(m, "left_foot_floor_found", 1);
+    foot_contact_[1] = Sensor(m, "right_foot_floor_found", 1);
+  }
+
+  void Reset(const mjModel*, mjData* d, Rng& rng, mjtNum*) const override {
+    for (int i = 0; i < 7 + kJoints; ++i) d->qpos[i] = home_[i];
+    for (int i = 0; i < kJoints; ++i) d->qpos[7 + i] += rng.Uniform(-joint_noise_, joint_noise_);
+    for (int i = 0; i < 6; ++i) d->qvel[i] = rng.Uniform(-base_vel_noise_, base_vel_noise_);
+  }
+
+  void Start(const mjModel*, const mjData*, mjtNum* memory) const override {
+    for (int i = 0; i < kMemory; ++i) memory[i] = 0;
+  }
+
+  void Resample(Rng& rng, mjtNum* memory) const override {
+    for (int i = 0; i < 3; ++i) memory[kCommand + i] = rng.Uniform(command_low_[i], command_high_[i]);
+  }
+
+  void Act(const mjModel*, mjData* d, const mjtNum* action, mjtNum*) const override {
+    for (int i = 0; i < kJoints; ++i) d->ctrl[i] = home_[7 + i] + action_scale_ * action[i];
+  }
+
+  void Evaluate(const mjModel* m, mjData* d, const mjtNum* action, mjtNum* memory,
+                Transition* out) const override {
+    const mjtNum* s = d->sensordata;
+    const mjtNum* gyro = s + gyro_;
+    const mjtNum* v = s + local_linvel_;
+    const mjtNum* cmd = memory + kCommand;
+    mjtNum g[3];
+    Gravity(d->qpos, g);
+
+    const mjtNum ex = cmd[0] - v[0], ey = cmd[1] - v[1], ew = cmd[2] - gyro[2];
+    const mjtNum lin = std::exp(-(ex * ex + ey * ey) / sigma_);
+    const mjtNum ang = std::exp(-(ew * ew) / sigma_);
+    const mjtNum vz = s[global_linvel_ + 2];
+    const mjtNum linz = vz * vz;
+    const mjtNum angxy = gyro[0] * gyro[0] + gyro[1] * gyro[1];
+    const mjtNum orient = g[0] * g[0] + g[1] * g[1];
+    mjtNum torque = 0, rate = 0;
+    for (int i = 0; i < kJoints; ++i) {
+      torque += d->actuator_force[i] * d->actuator_force[i];
+      const mjtNum da = action[i] - memory[kLastAction + i];
+      rate += da * da;
+    }
+    mjtNum air = 0, slip = 0;
+    for (int f = 0; f < 2; ++f) {
+      const bool contact = s[foot_contact_[f]] > 0;
+      memory[kAirTime + f] += dt_;
+      const bool first = contact && memory[kLastContact + f] == 0;
+      if (first) air += memory[kAirTime + f] - air_threshold_;
+      if (contact) {
+        memory[kAirTime + f] = 0;
+        const mjtNum* fv = s + foot_linvel_[f];
+        slip += fv[0] * fv[0] + fv[1] * fv[1];
+      }
+      memory[kLastContact + f] = contact ? 1 : 0;
+    }
+    if (!(cmd[0] * cmd[0] + cmd[1] * cmd[1] > 0.01)) air = 0;
+
+    bool finite = true;
+    for (int i = 0; i < m->nq; ++i) finite &= std::isfinite(d->qpos[i]);
+    for (int i = 0; i < m->nv; ++i) finite &= std::isfinite(d->qvel[i]);
+    const bool fallen = !finite || d->qpos[2] < min_height_ || -g[2] < cos_max_tilt_;
+
+    const mjtNum total = w_lin_ * lin + w_ang_ * ang + w_linz_ * linz + w_angxy_ * angxy +
+                         w_orient_ * orient + w_torque_ * torque + w_rate_ * rate +
+                         w_air_ * air + w_slip_ * slip + w_term_ * (fallen ? 1.0 : 0.0);
+    out->reward = dt_ * total;
+    out->terminated = fallen;
+    for (int i = 0; i < kJoints; ++i) memory[kLastAction + i] = action[i];
+    memory[kStep] += 1;
+  }
+
+  void Observe(const mjModel*, const mjData* d, const mjtNum* memory, mjtNum* obs,
+               mjtNum* critic) const override {
+    const mjtNum* s = d->sensordata;
+    mjtNum* o = obs;
+    for (int i = 0; i < 3; ++i) *o++ = s[gyro_ + i];
+    Gravity(d->qpos, o);
+    o += 3;
+    for (int i = 0; i < kJoints; ++i) *o++ = d->qpos[7 + i] - home_[7 + i];
+    for (int i = 0; i < kJoints; ++i) *o++ = d->qvel[6 + i];
+    for (int i = 0; i < kJoints; ++i) *o++ = memory[kLastAction + i];
+    for (int i = 0; i < 3; ++i) *o++ = memory[kCommand + i];
+    const mjtNum phase = 2 * M_PI * gait_frequency_ * dt_ * memory[kStep];
+    *o++ = std::cos(phase);
+    *o++ = std::sin(phase);
+    if (!critic) return;
+    for (int i = 0; i < kObs; ++i) critic[i] = obs[i];
+    mjtNum* c = critic + kObs;
+    for (int i = 0; i < 3; ++i) *c++ = s[local_linvel_ + i];
+    *c++ = d->qpos[2];
+    for (int f = 0; f < 2; ++f) *c++ = s[foot_contact_[f]] > 0 ? 1 : 0;
+    for (int f = 0; f < 2; ++f) *c++ = memory[kAirTime + f];
+  }
+
+ private:
+  // World gravity direction (0, 0, -1) in the pelvis frame, from the free joint's quaternion.
+  static void Gravity(const mjtNum* qpos, mjtNum* g) {
+    const mjtNum w = qpos[3], x = qpos[4], y = qpos[5], z = qpos[6];
+    g[0] = -2 * (x * z - w * y);
+    g[1] = -2 * (y * z + w * x);
+    g[2] = -(w * w - x * x - y * y + z * z);
+  }
+
+  static int Sensor(const mjModel* m, const char* name, int dim) {
+    const int id = mj_name2id(m, mjOBJ_SENSOR, name);
+    if (id < 0 || m->sensor_dim[id] != dim) {
+      throw std::invalid_argument(std::string("g1-walk-flat: the model lacks sensor ") + name);
+    }
+    return m->sensor_adr[id];
+  }
+
+  double dt_, action_scale_, joint_noise_, base_vel_noise_, gait_frequency_, min_height_,
+      cos_max_tilt_, sigma_, air_threshold_;
+  double command_low_[3], command_high_[3];
+  double w_lin_, w_ang_, w_linz_, w_angxy_, w_orient_, w_torque_, w_rate_, w_air_, w_slip_,
+      w_term_;
+  mjtNum home_[7 + kJoints];
+  int gyro_, local_linvel_, global_linvel_, foot_linvel_[2], foot_contact_[2];
+};
+
+}  // namespace
+
+void RegisterG1Tasks() {
+  RegisterTask("g1-walk-flat", [](const mjModel* m, const TaskParams& params) {
+    ParamReader reader(params);
+    auto task = std::make_unique<G1WalkFlat>(m, reader);
+    reader.CheckAllUsed("g1-walk-flat");
+    return std::unique_ptr<Task>(std::move(task));
+  });
+}
+
 }  // namespace omnilab

