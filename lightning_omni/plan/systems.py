@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -147,6 +147,7 @@ class StepData:
         self._replicas: dict[tuple[str, int], list[list[list[int]]]] = {}
         self.cache: dict[tuple, float] = {}
         self.splits: dict[tuple, tuple[float, float]] = {}
+        self.spreads: dict[tuple, tuple[tuple[float, ...], tuple[tuple[int, ...], ...]]] = {}
 
     @cached_property
     def total_llm_tokens(self) -> int:
@@ -213,6 +214,13 @@ def _pack_ffd(indices: list[int], tokens: np.ndarray, bins: int, capacity: int) 
 
 
 # ---- pricing ---------------------------------------------------------------------------------
+@lru_cache(maxsize=256)
+def _cached_schedule(builder: str, pp: int, num_mb: int) -> Schedule:
+    """Schedules are immutable and depend only on their shape: build each shape once."""
+    build = encoder_first_stage if builder == "encoder_first_stage" else encoder_disaggregated
+    return build(pp, num_mb, grad_sync=True)
+
+
 def _stage_layers(layers: int, pp: int) -> list[int]:
     base, extra = divmod(layers, pp)
     return [base + (1 if s >= pp - extra else 0) for s in range(pp)]
@@ -255,6 +263,15 @@ class StepPricer:
         return t
 
     def llm_activation_bytes(self, m: int, stage: int) -> float:
+        last = stage == self.cfg.pp - 1
+        key = ("act", self.replica_kind, self.cfg.dp, m, self.layers[stage], last, self.cfg.tp,
+               self.cfg.recompute)
+        cached = self.d.cache.get(key)
+        if cached is None:
+            cached = self.d.cache[key] = self._llm_activation_bytes(m, stage)
+        return cached
+
+    def _llm_activation_bytes(self, m: int, stage: int) -> float:
         tokens = float(self.d.llm_tokens[self.mbs[m]].sum())
         b = self.cost.activation_bytes(self.sc.llm, tokens, self.layers[stage], self.cfg.tp,
                                        self.cfg.recompute)
@@ -357,7 +374,7 @@ class StepPricer:
 
     def _megatron(self) -> _Priced:
         cfg, enc = self.cfg, self.sc.encoder
-        sched = encoder_first_stage(cfg.pp, self.num_mb, grad_sync=True)
+        sched = _cached_schedule("encoder_first_stage", cfg.pp, self.num_mb)
         enc_fwd, enc_mem = {}, {}
         for m, mb in enumerate(self.mbs):
             lens = self.d.enc_tokens[mb]
@@ -374,7 +391,7 @@ class StepPricer:
 
     def _disaggregated(self) -> _Priced:
         cfg, enc = self.cfg, self.sc.encoder
-        sched = encoder_disaggregated(cfg.pp, self.num_mb, grad_sync=True)
+        sched = _cached_schedule("encoder_disaggregated", cfg.pp, self.num_mb)
         enc_rank = cfg.pp
         lanes_total = cfg.encoder_gpus // cfg.encoder_tp
         lanes = lanes_total / cfg.dp
@@ -416,11 +433,15 @@ class StepPricer:
             if not with_enc:
                 shares.append([1.0 / pp] * pp)
                 continue
-            spread = plan_reorder([[Item(i, float(self.d.enc_unit[i])) for i in with_enc]]
-                                  + [[] for _ in range(pp - 1)], [0] * pp)
-            total = sum(spread.load_after)
-            shares.append([x / total for x in spread.load_after])
-            for r, assigned in enumerate(spread.assignment):
+            spread_key = ("spread", cfg.dp, pp, m)
+            if spread_key not in self.d.spreads:
+                spread = plan_reorder([[Item(i, float(self.d.enc_unit[i])) for i in with_enc]]
+                                      + [[] for _ in range(pp - 1)], [0] * pp)
+                self.d.spreads[spread_key] = (spread.load_after, spread.assignment)
+            load_after, assignment = self.d.spreads[spread_key]
+            total = sum(load_after)
+            shares.append([x / total for x in load_after])
+            for r, assigned in enumerate(assignment):
                 if not assigned:
                     continue
                 key = ("omni", cfg.dp, pp, m, r, cfg.encoder_tp, lanes, cfg.encoder_recompute)
@@ -486,17 +507,25 @@ PP_CHOICES = (1, 2, 4, 8, 16)
 RECOMPUTE_CHOICES = ((False, False), (False, True), (True, True))  # (LLM, encoder)
 
 
-def candidate_configs(system: str, scenario: Scenario) -> list[ParallelConfig]:
+def encoder_pool_choices(num_gpus: int) -> list[int]:
+    """Encoder pool sizes the disaggregated system may take (1/16 .. 1/2 of the GPUs)."""
+    step = max(1, num_gpus // 16)
+    return sorted({max(1, round(num_gpus * f / step) * step) for f in
+                   (1 / 16, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)})
+
+
+def candidate_configs(system: str, scenario: Scenario,
+                      encoder_pools: Sequence[int] | None = None) -> list[ParallelConfig]:
     """Every layout the grid search may pick for ``system`` (same grid for all systems where
-    the system has the dimension)."""
+    the system has the dimension). ``encoder_pools`` restricts the disaggregated pool sizes."""
     _require(system in SYSTEMS, "system", f"one of {SYSTEMS}", system)
     n = scenario.num_gpus
     out = []
     enc_pools = [0]
     if system == "disaggregated":
-        step = max(1, n // 16)
-        enc_pools = sorted({max(1, round(n * f / step) * step) for f in
-                            (1 / 16, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)})
+        enc_pools = list(encoder_pools) if encoder_pools else encoder_pool_choices(n)
+        for pool in enc_pools:
+            _require(1 <= pool < n, "encoder_pools", f"sizes in [1, {n})", pool)
     for pool in enc_pools:
         llm_gpus = n - pool
         for tp in TP_CHOICES:
@@ -574,14 +603,15 @@ def estimate(pricer: StepPricer) -> tuple[float, float]:
 
 
 def search(system: str, scenario: Scenario, cost: CostModel | None = None,
-           data: StepData | None = None, top_k: int = 4) -> SearchResult:
+           data: StepData | None = None, top_k: int = 4,
+           encoder_pools: Sequence[int] | None = None) -> SearchResult:
     """Grid search: screen all candidates in closed form, simulate the ``top_k`` that fit in
     memory (or, if none fits, the ``top_k`` smallest), return the fastest non-OOM one."""
     cost = cost or CostModel(scenario.hardware)
     data = data or StepData(scenario, cost)
     cap = scenario.hardware.memory_cap_bytes
     scored = []
-    for cfg in candidate_configs(system, scenario):
+    for cfg in candidate_configs(system, scenario, encoder_pools):
         pricer = StepPricer(data, system, cfg)
         if not static_memory_fits(pricer):
             scored.append((True, math.inf, cfg))
