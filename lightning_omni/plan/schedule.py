@@ -17,8 +17,8 @@ from enum import Enum
 from .costs import _require
 
 
-class Kind(str, Enum):
-    """What an action does. (A str-Enum rather than StrEnum keeps Python 3.10 working.)"""
+class Kind(str, Enum):  # noqa: UP042 - requires-python allows 3.10 (no StrEnum)
+    """What an action does."""
 
     def __str__(self) -> str:
         return self.value
@@ -35,7 +35,7 @@ class Kind(str, Enum):
 COMPUTE_KINDS = frozenset({Kind.LLM_FWD, Kind.LLM_BWD, Kind.ENC_FWD, Kind.ENC_BWD})
 
 
-class Payload(str, Enum):
+class Payload(str, Enum):  # noqa: UP042
     """What a message carries; each payload is its own FIFO channel."""
 
     def __str__(self) -> str:
@@ -316,7 +316,8 @@ class ScheduleError(ValueError):
 
 def check_schedule(schedule: Schedule) -> None:
     """Raise ScheduleError unless messages match one-to-one, in the same order per channel
-    (source, destination, payload), and the schedule runs to completion with blocking receives and buffered sends."""
+    (source, destination, payload), and the schedule runs to completion with blocking
+    receives and buffered sends."""
     sends: dict[tuple[int, int, str], list[int]] = {}
     recvs: dict[tuple[int, int, str], list[int]] = {}
     for rank, prog in enumerate(schedule.actions):
