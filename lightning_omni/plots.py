@@ -60,9 +60,9 @@ def plot_timeline(predictions: Sequence[Prediction], path: Path, title: str) -> 
                      f"step {pred.step_seconds:.2f} s", fontsize=9)
     axes[-1, 0].set_xlabel("seconds")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    fig.legend(handles, [k.value for k in COLORS], loc="upper right", fontsize=7, ncol=5)
+    fig.legend(handles, [k.value for k in COLORS], loc="lower center", fontsize=7, ncol=5)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.05, 1, 0.95))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -225,6 +225,11 @@ class CostModel:
         eff = self.hardware.efficiency(np.maximum(tokens, 1.0) / max(1.0, np.sqrt(tp)))
         return flops / (tp * self.hardware.peak_flops * eff)
 
+    def layer_seconds(self, model: TransformerConfig, lengths: Iterable[int] | np.ndarray,
+                      tp: int = 1, phase: str = "fwd") -> float:
+        """One layer over calls run one at a time (summed)."""
+        return float(self.layer_seconds_each(model, lengths, tp, phase).sum())
+
     def stack_seconds_each(self, model: TransformerConfig, lengths: Iterable[int] | np.ndarray,
                            layers: int, tp: int = 1, phase: str = "fwd",
                            recompute: bool = False,

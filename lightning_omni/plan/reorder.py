@@ -83,6 +83,7 @@ def plan_reorder(local_items: Sequence[Sequence[Item]], groups: Sequence[int],
                       key=lambda it: (-it.cost, it.sample_id))
         _longest_first(pool, ranks, memory_cap, assignment, load, mem)
         _pairwise_swaps(ranks, by_id, memory_cap, max_swap_rounds, assignment, load, mem)
+        _keep_original_if_better(ranks, local_items, memory_cap, assignment, load, mem)
 
     sends: list[dict[int, list[int]]] = [{} for _ in range(n)]
     recvs: list[dict[int, list[int]]] = [{} for _ in range(n)]
@@ -164,6 +165,21 @@ def _pairwise_swaps(ranks: Sequence[int], by_id: Mapping[int, Item], cap: float,
         _move(sid_hi, hi, lo, by_id, assignment, load, mem)
         if sid_lo >= 0:
             _move(sid_lo, lo, hi, by_id, assignment, load, mem)
+
+
+def _keep_original_if_better(ranks: Sequence[int], local_items: Sequence[Sequence[Item]],
+                             cap: float, assignment: list[list[int]], load: list[float],
+                             mem: list[float]) -> None:
+    """Never plan worse than not moving at all (which also moves no bytes)."""
+    orig_load = {r: sum(it.cost for it in local_items[r]) for r in ranks}
+    orig_mem = {r: sum(it.memory for it in local_items[r]) for r in ranks}
+    orig_fits = all(orig_mem[r] <= cap for r in ranks)
+    planned_fits = all(mem[r] <= cap for r in ranks)
+    if max(orig_load.values()) <= max(load[r] for r in ranks) and (orig_fits or not
+                                                                   planned_fits):
+        for r in ranks:
+            assignment[r] = [it.sample_id for it in local_items[r]]
+            load[r], mem[r] = orig_load[r], orig_mem[r]
 
 
 def _move(sid: int, src: int, dst: int, by_id: Mapping[int, Item],
