@@ -192,7 +192,11 @@ def encoder_disaggregated(num_stages: int, num_microbatches: int, prefetch: int 
     """
     _check_sizes(num_stages, num_microbatches)
     prefetch = num_stages if prefetch is None else prefetch
-    _require(prefetch >= 1, "prefetch", ">= 1", prefetch)
+    # Stage 0 runs F(0..P-1) before B(0) returns the first feature gradient: with fewer
+    # features in flight the encoder would wait for B(0) while stage 0 waits for features.
+    _require(prefetch >= max(1, num_stages - 1), "prefetch",
+             f">= max(1, num_stages - 1) = {max(1, num_stages - 1)} (else it deadlocks)",
+             prefetch)
     ranks = tuple(range(num_stages))
     enc = num_stages
     programs: list[list[Action]] = []
@@ -225,13 +229,22 @@ def encoder_disaggregated(num_stages: int, num_microbatches: int, prefetch: int 
                     _freeze(programs), bound, enc_bound)
 
 
+def default_shares(num_stages: int, num_microbatches: int) -> list[list[float]]:
+    """1/P of every microbatch per rank, except the last P microbatches, whose encoder work
+    skips stage 0: their backwards can only run after stage 0's last LLM backwards, so a share
+    on stage 0 would extend the step while the other ranks already idle in the drain."""
+    p, n = num_stages, num_microbatches
+    tail = [0.0] + [1.0 / (p - 1)] * (p - 1) if p > 1 else [1.0]
+    return [[1.0 / p] * p if m < n - p else list(tail) for m in range(n)]
+
+
 def uniform_insertion(num_stages: int, num_microbatches: int,
                       shares: Sequence[Sequence[float]] | None = None,
                       grad_sync: bool = False) -> Schedule:
     """Omni: each microbatch's encoder work is spread over the pipeline's ranks.
 
-    ``shares[m][r]`` is rank r's fraction of microbatch m's encoder work (default 1/P each;
-    a zero share means no action and no message). Rank r computes encoder forward of m before
+    ``shares[m][r]`` is rank r's fraction of microbatch m's encoder work (default:
+    ``default_shares``; a zero share means no action and no message). Rank r computes encoder forward of m before
     its LLM forward of m-P (so features reach stage 0 before its F(m)) and encoder backward of
     m before its LLM forward of m+P (after stage 0's B(m) returned the feature gradients).
     Leftover backwards run after the last LLM backward.
@@ -239,7 +252,7 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
     _check_sizes(num_stages, num_microbatches)
     p, n = num_stages, num_microbatches
     if shares is None:
-        shares = [[1.0 / p] * p for _ in range(n)]
+        shares = default_shares(p, n)
     _require(len(shares) == n, "shares", f"{n} rows (one per microbatch)", len(shares))
     for m, row in enumerate(shares):
         _require(len(row) == p, f"shares[{m}]", f"{p} entries (one per stage)", len(row))

@@ -435,8 +435,13 @@ class StepPricer:
                 continue
             spread_key = ("spread", cfg.dp, pp, m)
             if spread_key not in self.d.spreads:
-                spread = plan_reorder([[Item(i, float(self.d.enc_unit[i])) for i in with_enc]]
-                                      + [[] for _ in range(pp - 1)], [0] * pp)
+                # the drain's microbatches skip stage 0 (see schedule.default_shares)
+                skip0 = pp > 1 and m >= self.num_mb - pp
+                items = [Item(i, float(self.d.enc_unit[i])) for i in with_enc]
+                local = [[], items] if skip0 else [items, []]
+                local += [[] for _ in range(pp - 2)]
+                groups = [1] + [0] * (pp - 1) if skip0 else [0] * pp
+                spread = plan_reorder(local[:pp], groups[:pp])
                 self.d.spreads[spread_key] = (spread.load_after, spread.assignment)
             load_after, assignment = self.d.spreads[spread_key]
             total = sum(load_after)
