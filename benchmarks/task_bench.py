@@ -290,7 +290,7 @@ def measure_gym_env(key: str, quick: bool, num_threads: int, rounds: int,
 
 def measure_tasks(quick: bool, num_threads: int, limit_substeps_per_s: float) -> dict:
     """Every task-level number of the benchmark, measured in this run (see the module doc)."""
-    rounds, seconds = (2, 0.45) if quick else (3, 2.0)
+    rounds, seconds = (3, 0.3) if quick else (3, 2.0)
     out: dict[str, float] = {}
     out.update(measure_g1(quick, num_threads, rounds, seconds))
     for key in GYM_ENVS:
