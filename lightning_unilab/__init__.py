@@ -27,5 +27,15 @@ def _check_mujoco_version() -> None:
 _check_mujoco_version()
 
 from lightning_unilab.pool import STATUS_ERROR, BatchEnvPool, describe_status  # noqa: E402
+from lightning_unilab.vector_env import StepBuffers, TaskVectorEnv  # noqa: E402
 
-__all__ = ["BatchEnvPool", "STATUS_ERROR", "describe_status"]
+__all__ = ["BatchEnvPool", "STATUS_ERROR", "StepBuffers", "TaskVectorEnv", "describe_status"]
+
+
+def __getattr__(name: str):
+    # the gymnasium adapter imports gymnasium, an optional dependency: load it on first use
+    if name == "PoolVectorEnv":
+        from lightning_unilab.gym import PoolVectorEnv
+
+        return PoolVectorEnv
+    raise AttributeError(f"module 'lightning_unilab' has no attribute {name!r}")

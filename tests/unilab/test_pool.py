@@ -84,7 +84,7 @@ def test_state_views_are_live_and_zero_copy(arm_model):
     for name in ("qpos", "qvel", "ctrl", "qacc_warmstart", "mocap_pos", "mocap_quat"):
         assert np.shares_memory(pool.field(name), pool.state), name
     pool.qpos[2, 0] = 0.123
-    offset, _ = pool._pool.state_component(int(mujoco.mjtState.mjSTATE_QPOS))
+    offset, _ = pool.core.state_component(int(mujoco.mjtState.mjSTATE_QPOS))
     assert pool.state[2, offset] == 0.123
     assert pool.time.shape == (5,)
     assert pool.mocap_pos.shape == (5, 1, 3)
