@@ -43,4 +43,38 @@ class BatchEnvPool:
     def expand(self, name: str, create: bool) -> npt.NDArray[np.uint8] | None: ...
     def error(self, env: int) -> str: ...
 
-def __getattr__(name: str) -> Any: ...  # task environments: see lightning_unilab.tasks
+STATUS_BAD_ACTION: int
+
+def task_names() -> list[str]: ...
+
+class TaskEnv:
+    """A C++ task on a pool; lightning_unilab.vector_env.TaskVectorEnv is its Python face."""
+
+    def __init__(
+        self, pool: BatchEnvPool, task: str, params: dict[str, float], same_step: bool
+    ) -> None: ...
+    @property
+    def spec(self) -> dict[str, Any]: ...
+    def seed(self, ids: npt.NDArray[np.int32] | None, seed: int) -> None: ...
+    def reset(
+        self,
+        ids: npt.NDArray[np.int32] | None,
+        states: npt.NDArray[np.float64] | None,
+        obs: npt.NDArray[np.float64],
+        critic: npt.NDArray[np.float64] | None,
+    ) -> None: ...
+    def step(
+        self,
+        actions: npt.NDArray[np.float64],
+        obs: npt.NDArray[np.float64],
+        critic: npt.NDArray[np.float64] | None,
+        reward: npt.NDArray[np.float64],
+        terminated: npt.NDArray[np.uint8],
+        truncated: npt.NDArray[np.uint8],
+        final_obs: npt.NDArray[np.float64] | None,
+        final_critic: npt.NDArray[np.float64] | None,
+        episode_return: npt.NDArray[np.float64] | None,
+        episode_length: npt.NDArray[np.int32] | None,
+    ) -> None: ...
+    def memory(self) -> npt.NDArray[np.float64]: ...
+    def episode_steps(self) -> npt.NDArray[np.int32]: ...
