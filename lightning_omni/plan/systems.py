@@ -14,6 +14,7 @@ simulated: the heaviest one, since the step waits for the slowest replica.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ class ParallelConfig:
     encoder_gpus: int = 0
     encoder_tp: int = 1
     encoder_recompute: bool = False
+    stage0_layer_fraction: float = 1.0
 
     def __str__(self) -> str:
         text = f"TP{self.tp} PP{self.pp} DP{self.dp}" + (" +recompute" if self.recompute else "")
@@ -83,6 +85,8 @@ class ParallelConfig:
             text += f" enc{self.encoder_gpus}gpu"
         if self.encoder_gpus or (self.encoder_tp != self.tp):
             text += f" encTP{self.encoder_tp}"
+        if self.stage0_layer_fraction != 1.0:
+            text += f" stage0x{self.stage0_layer_fraction:g}"
         return text
 
 
@@ -221,9 +225,15 @@ def _cached_schedule(builder: str, pp: int, num_mb: int) -> Schedule:
     return build(pp, num_mb, grad_sync=True)
 
 
-def _stage_layers(layers: int, pp: int) -> list[int]:
-    base, extra = divmod(layers, pp)
-    return [base + (1 if s >= pp - extra else 0) for s in range(pp)]
+def _stage_layers(layers: int, pp: int, stage0_fraction: float = 1.0) -> list[int]:
+    """Even split, except that stage 0 may take a fraction of its share (Megatron's uneven
+    first stage): it holds the most in-flight activations, and in Megatron-like plans the
+    encoder too. The layers it gives up go to the other stages."""
+    if pp == 1:
+        return [layers]
+    first = int(round(layers / pp * stage0_fraction))
+    base, extra = divmod(layers - first, pp - 1)
+    return [first] + [base + (1 if s >= pp - 1 - extra else 0) for s in range(pp - 1)]
 
 
 @dataclass
@@ -239,7 +249,7 @@ class StepPricer:
         _require(system in SYSTEMS, "system", f"one of {SYSTEMS}", system)
         self.d, self.system, self.cfg = data, system, config
         self.sc, self.cost = data.scenario, data.cost
-        self.layers = _stage_layers(self.sc.llm.layers, config.pp)
+        self.layers = _stage_layers(self.sc.llm.layers, config.pp, config.stage0_layer_fraction)
         self.replica_kind = "omni" if system == "omni" else "loader"
         self.mbs = data.heaviest_replica(self.replica_kind, config.dp)
         self.num_mb = len(self.mbs)
@@ -510,6 +520,7 @@ def _check_config(system: str, scenario: Scenario, cfg: ParallelConfig) -> None:
 TP_CHOICES = (1, 2, 4, 8)
 PP_CHOICES = (1, 2, 4, 8, 16)
 RECOMPUTE_CHOICES = ((False, False), (False, True), (True, True))  # (LLM, encoder)
+STAGE0_FRACTIONS = (1.0, 0.5, 0.0)  # stage 0's share of an even LLM layer split
 
 
 def encoder_pool_choices(num_gpus: int) -> list[int]:
@@ -540,19 +551,21 @@ def candidate_configs(system: str, scenario: Scenario,
                 dp = llm_gpus // (tp * pp)
                 if dp < 1 or dp > scenario.global_batch:
                     continue
-                for recompute, enc_recompute in RECOMPUTE_CHOICES:
+                for (recompute, enc_recompute), cut in itertools.product(
+                        RECOMPUTE_CHOICES, STAGE0_FRACTIONS if pp > 1 else (1.0,)):
                     if system == "megatron":
-                        out.append(ParallelConfig(tp, pp, dp, recompute, 0, tp, enc_recompute))
+                        out.append(ParallelConfig(tp, pp, dp, recompute, 0, tp, enc_recompute,
+                                                  cut))
                     elif system == "disaggregated":
                         for etp in TP_CHOICES:
                             if etp <= pool and pool % etp == 0:
                                 out.append(ParallelConfig(tp, pp, dp, recompute, pool, etp,
-                                                          enc_recompute))
+                                                          enc_recompute, cut))
                     else:
                         for etp in TP_CHOICES:
                             if tp % etp == 0:
                                 out.append(ParallelConfig(tp, pp, dp, recompute, 0, etp,
-                                                          enc_recompute))
+                                                          enc_recompute, cut))
     return out
 
 
