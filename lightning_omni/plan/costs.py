@@ -251,14 +251,41 @@ class CostModel:
                       recompute: bool = False) -> float:
         """The calls run as one batch: efficiency of the whole batch, one latency per layer."""
         lens = _as_lengths(lengths)
-        if lens.size == 0 or layers == 0:
-            return 0.0
-        total = float(lens.sum())
-        seconds = float(self.stack_seconds_each(model, lens, layers, tp, phase, recompute,
-                                                batch_tokens=total).sum())
+        return float(self.batch_seconds(model, np.array([lens.size]), np.array([lens.sum()]),
+                                        np.array([(lens * lens).sum()]), layers, tp, phase,
+                                        recompute)[0])
+
+    def batch_seconds(self, model: TransformerConfig, calls: np.ndarray, sum_len: np.ndarray,
+                      sum_len_sq: np.ndarray, layers: int, tp: int = 1, phase: str = "fwd",
+                      recompute: bool = False) -> np.ndarray:
+        """``stack_seconds`` of many batches at once, from each batch's moments: number of
+        calls, sum of lengths and sum of squared lengths (that is all the cost depends on)."""
+        _require(phase in ("fwd", "bwd"), "phase", "'fwd' or 'bwd'", phase)
+        _require(tp >= 1, "tp", ">= 1", tp)
+        _require(layers >= 0, "layers", ">= 0", layers)
+        calls = np.asarray(calls, dtype=np.float64)
+        s1 = np.asarray(sum_len, dtype=np.float64)
+        s2 = np.asarray(sum_len_sq, dtype=np.float64)
+
+        def one_pass(ph: str) -> np.ndarray:
+            curve = self.fitted.get((model.name, ph))
+            if curve is not None:
+                return (curve.c * calls + curve.a * s1 + curve.b * s2) / tp
+            flops = model.linear_flops_per_token * s1 + model.attention_flops_per_token_sq * s2
+            if ph == "bwd":
+                flops = flops * self.backward_factor
+            eff = self.hardware.efficiency(np.maximum(s1, 1.0) / max(1.0, np.sqrt(tp)))
+            return flops / (tp * self.hardware.peak_flops * eff)
+
+        seconds = one_pass(phase)
+        if phase == "bwd" and recompute:
+            seconds = seconds + one_pass("fwd")
         if tp > 1:
-            seconds += layers * 2 * 2 * (tp - 1) * self.hardware.nvlink_latency_s
-        return seconds
+            hw = self.hardware
+            seconds = seconds + 4 * (tp - 1) * (
+                s1 * model.hidden * BYTES_BF16 / (tp * hw.nvlink_bytes_per_s)
+                + hw.nvlink_latency_s)
+        return np.where(calls > 0, layers * seconds, 0.0)
 
     def logits_seconds(self, model: TransformerConfig, tokens: float, tp: int,
                        phase: str = "fwd") -> float:

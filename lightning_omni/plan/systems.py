@@ -149,7 +149,7 @@ class StepData:
                          + cost.stack_seconds_each(llm, self.llm_tokens, llm.layers, phase="bwd",
                                                    batch_tokens=nominal))
         self._replicas: dict[tuple[str, int], list[list[list[int]]]] = {}
-        self.cache: dict[tuple, float] = {}
+        self.arrays: dict[tuple, np.ndarray] = {}
         self.splits: dict[tuple, tuple[float, float]] = {}
         self.spreads: dict[tuple, tuple[tuple[float, ...], tuple[tuple[int, ...], ...]]] = {}
 
@@ -191,6 +191,17 @@ class StepData:
                    for d, a in enumerate(plan.assignment)]
             self._replicas[key] = out
         return self._replicas[key]
+
+    def llm_moments(self, kind: str, dp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per microbatch of the heaviest replica: samples, sum and sum of squares of their
+        LLM lengths (document-masked attention is per sample)."""
+        key = ("moments", kind, dp)
+        if key not in self.arrays:
+            mbs = self.heaviest_replica(kind, dp)
+            lens = [self.llm_tokens[mb] for mb in mbs]
+            self.arrays[key] = np.array([[len(x), x.sum(), (x * x).sum()] for x in lens]).T
+        calls, s1, s2 = self.arrays[key]
+        return calls, s1, s2
 
     def heaviest_replica(self, kind: str, dp: int) -> list[list[int]]:
         key = ("heaviest", kind, dp)
@@ -238,8 +249,18 @@ def _stage_layers(layers: int, pp: int, stage0_fraction: float = 1.0) -> list[in
 
 @dataclass
 class _Priced:
+    """A schedule with its prices, plus the tables behind them (for the fast estimate)."""
+
     schedule: Schedule
     costs: StepCosts
+    llm_fwd: list[np.ndarray]
+    llm_bwd: list[np.ndarray]
+    llm_act: list[np.ndarray]
+    enc_fwd: dict[tuple[int, int], float]
+    enc_mem: dict[tuple[int, int], float]
+    enc_bwd_ratio: float
+    static: list[float]
+    grad_seconds: list[float]
 
 
 class StepPricer:
@@ -255,39 +276,41 @@ class StepPricer:
         self.num_mb = len(self.mbs)
 
     # -- LLM ------------------------------------------------------------------------------
-    def llm_seconds(self, m: int, stage: int, phase: str) -> float:
+    def llm_seconds_all(self, stage: int, phase: str) -> np.ndarray:
+        """Seconds of every microbatch of this replica on one stage (vectorized, cached)."""
         last = stage == self.cfg.pp - 1
-        key = ("llm", self.replica_kind, self.cfg.dp, m, self.layers[stage], last, phase,
+        key = ("llm", self.replica_kind, self.cfg.dp, self.layers[stage], last, phase,
                self.cfg.tp, self.cfg.recompute)
-        cached = self.d.cache.get(key)
+        cached = self.d.arrays.get(key)
         if cached is None:
-            cached = self.d.cache[key] = self._llm_seconds(m, stage, phase)
+            calls, s1, s2 = self.d.llm_moments(self.replica_kind, self.cfg.dp)
+            cached = self.cost.batch_seconds(self.sc.llm, calls, s1, s2, self.layers[stage],
+                                             self.cfg.tp, phase, self.cfg.recompute)
+            if last:
+                cached = cached + np.array([self.cost.logits_seconds(
+                    self.sc.llm, float(t), self.cfg.tp, phase) for t in s1])
+            self.d.arrays[key] = cached
         return cached
 
-    def _llm_seconds(self, m: int, stage: int, phase: str) -> float:
-        lens = self.d.llm_tokens[self.mbs[m]]
-        t = self.cost.stack_seconds(self.sc.llm, lens, self.layers[stage], self.cfg.tp, phase,
-                                    self.cfg.recompute)
-        if stage == self.cfg.pp - 1:
-            t += self.cost.logits_seconds(self.sc.llm, float(lens.sum()), self.cfg.tp, phase)
-        return t
+    def llm_seconds(self, m: int, stage: int, phase: str) -> float:
+        return float(self.llm_seconds_all(stage, phase)[m])
+
+    def llm_activation_all(self, stage: int) -> np.ndarray:
+        last = stage == self.cfg.pp - 1
+        key = ("act", self.replica_kind, self.cfg.dp, self.layers[stage], last, self.cfg.tp,
+               self.cfg.recompute)
+        cached = self.d.arrays.get(key)
+        if cached is None:
+            _, tokens, _ = self.d.llm_moments(self.replica_kind, self.cfg.dp)
+            cached = self.cost.activation_bytes(self.sc.llm, tokens, self.layers[stage],
+                                                self.cfg.tp, self.cfg.recompute)
+            if last:
+                cached = cached + self.cost.logits_bytes(self.sc.llm, tokens, self.cfg.tp)
+            self.d.arrays[key] = np.asarray(cached, dtype=np.float64)
+        return cached
 
     def llm_activation_bytes(self, m: int, stage: int) -> float:
-        last = stage == self.cfg.pp - 1
-        key = ("act", self.replica_kind, self.cfg.dp, m, self.layers[stage], last, self.cfg.tp,
-               self.cfg.recompute)
-        cached = self.d.cache.get(key)
-        if cached is None:
-            cached = self.d.cache[key] = self._llm_activation_bytes(m, stage)
-        return cached
-
-    def _llm_activation_bytes(self, m: int, stage: int) -> float:
-        tokens = float(self.d.llm_tokens[self.mbs[m]].sum())
-        b = self.cost.activation_bytes(self.sc.llm, tokens, self.layers[stage], self.cfg.tp,
-                                       self.cfg.recompute)
-        if stage == self.cfg.pp - 1:
-            b += self.cost.logits_bytes(self.sc.llm, tokens, self.cfg.tp)
-        return b
+        return float(self.llm_activation_all(stage)[m])
 
     def llm_static_bytes(self, stage: int) -> float:
         llm = self.sc.llm
@@ -332,47 +355,48 @@ class StepPricer:
         return {"megatron": self._megatron, "disaggregated": self._disaggregated,
                 "omni": self._omni}[self.system]()
 
-    def _common(self, enc_fwd: dict[tuple[int, int], float], enc_mem: dict[tuple[int, int], float],
-                static: list[float], transfer_extra, grad_bytes: list[float],
-                grad_group: list[int]) -> StepCosts:
+    def _common(self, sched: Schedule, enc_fwd: dict[tuple[int, int], float],
+                enc_mem: dict[tuple[int, int], float], static: list[float], transfer_extra,
+                grad_bytes: list[float], grad_group: list[int]) -> _Priced:
         pp = self.cfg.pp
-        llm_f = {(m, s): self.llm_seconds(m, s, "fwd") for m in range(self.num_mb)
-                 for s in range(pp)}
-        llm_b = {(m, s): self.llm_seconds(m, s, "bwd") for m in range(self.num_mb)
-                 for s in range(pp)}
-        act = {(m, s): self.llm_activation_bytes(m, s) for m in range(self.num_mb)
-               for s in range(pp)}
+        llm_f = [self.llm_seconds_all(s, "fwd") for s in range(pp)]
+        llm_b = [self.llm_seconds_all(s, "bwd") for s in range(pp)]
+        act = [self.llm_activation_all(s) for s in range(pp)]
         ratio = self.bwd_ratio
         hidden_bytes = self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp
+        _, mb_tokens, _ = self.d.llm_moments(self.replica_kind, self.cfg.dp)
+        grad_seconds = [self.cost.allreduce_seconds(grad_bytes[r], grad_group[r],
+                                                    inside_node=False)
+                        for r in range(len(grad_bytes))]
 
         def compute(rank: int, a: Action) -> float:
             if a.kind == Kind.LLM_FWD:
-                return llm_f[a.microbatch, a.stage]
+                return float(llm_f[a.stage][a.microbatch])
             if a.kind == Kind.LLM_BWD:
-                return llm_b[a.microbatch, a.stage]
+                return float(llm_b[a.stage][a.microbatch])
             t = enc_fwd.get((rank, a.microbatch), 0.0)
             return t if a.kind == Kind.ENC_FWD else t * ratio
 
         def memory(rank: int, a: Action) -> float:
             if a.kind in (Kind.LLM_FWD, Kind.LLM_BWD):
-                b = act[a.microbatch, a.stage]
+                b = float(act[a.stage][a.microbatch])
             else:
                 b = enc_mem.get((rank, a.microbatch), 0.0)
             return b if a.kind in (Kind.LLM_FWD, Kind.ENC_FWD) else -b
 
         def transfer(rank: int, a: Action) -> float:
             if a.payload in (Payload.ACTIVATION, Payload.GRADIENT):
-                tokens = float(self.d.llm_tokens[self.mbs[a.microbatch]].sum())
-                return self.cost.p2p_seconds(tokens * hidden_bytes,
+                return self.cost.p2p_seconds(float(mb_tokens[a.microbatch]) * hidden_bytes,
                                              self.inside_node(rank, a.peer))
             return transfer_extra(rank, a)
 
         def collective(rank: int, a: Action) -> float:
-            return self.cost.allreduce_seconds(grad_bytes[rank], grad_group[rank],
-                                               inside_node=False)
+            return grad_seconds[rank]
 
-        return StepCosts(compute, transfer, collective, memory, lambda r: static[r],
-                         self.sc.hardware.memory_cap_bytes)
+        costs = StepCosts(compute, transfer, collective, memory, lambda r: static[r],
+                          self.sc.hardware.memory_cap_bytes)
+        return _Priced(sched, costs, llm_f, llm_b, act, enc_fwd, enc_mem, ratio, static,
+                       grad_seconds)
 
     def _feature_seconds(self, indices: Sequence[int], inside: bool) -> float:
         tokens = float(self.d.enc_llm_tokens[list(indices)].sum()) if indices else 0.0
@@ -396,8 +420,8 @@ class StepPricer:
         static[0] += self.enc_static_bytes(cfg.tp, cfg.dp)
         grad = [self._llm_grad_bytes(s) for s in range(cfg.pp)]
         grad[0] += enc.total_params * BYTES_BF16 / cfg.tp
-        costs = self._common(enc_fwd, enc_mem, static, lambda r, a: 0.0, grad, [cfg.dp] * cfg.pp)
-        return _Priced(sched, costs)
+        return self._common(sched, enc_fwd, enc_mem, static, lambda r, a: 0.0, grad,
+                            [cfg.dp] * cfg.pp)
 
     def _disaggregated(self) -> _Priced:
         cfg, enc = self.cfg, self.sc.encoder
@@ -429,7 +453,7 @@ class StepPricer:
         grad = [self._llm_grad_bytes(s) for s in range(cfg.pp)]
         grad.append(enc.total_params * BYTES_BF16 / cfg.encoder_tp)
         group = [cfg.dp] * cfg.pp + [lanes_total]
-        return _Priced(sched, self._common(enc_fwd, enc_mem, static, transfer, grad, group))
+        return self._common(sched, enc_fwd, enc_mem, static, transfer, grad, group)
 
     def _omni(self) -> _Priced:
         cfg, enc = self.cfg, self.sc.encoder
@@ -479,8 +503,7 @@ class StepPricer:
 
         grad = [self._llm_grad_bytes(s) + enc.total_params * BYTES_BF16 / cfg.encoder_tp
                 for s in range(pp)]
-        return _Priced(sched, self._common(enc_fwd, enc_mem, static, transfer, grad,
-                                           [cfg.dp] * pp))
+        return self._common(sched, enc_fwd, enc_mem, static, transfer, grad, [cfg.dp] * pp)
 
 
 def predict(system: str, scenario: Scenario, config: ParallelConfig,
@@ -600,24 +623,45 @@ def estimate(pricer: StepPricer) -> tuple[float, float]:
     rank's work plus a pipeline warm-up term; it only ranks candidates before simulating the
     most promising ones, with the same formula for every system.
     """
-    priced = pricer.build()
-    sched, c = priced.schedule, priced.costs
-    per_rank, peak = [], []
+    pr = pricer.build()
+    sched = pr.schedule
+    n = pricer.num_mb
+    work, peak = [], []
     for rank, prog in enumerate(sched.actions):
-        work = 0.0
-        live = top = c.static_memory_bytes(rank)
-        for a in prog:
-            if a.kind in COMPUTE_KINDS:
-                work += c.compute_seconds(rank, a)
-                live += c.memory_delta_bytes(rank, a)
-                top = max(top, live)
-            elif a.kind == Kind.ALLREDUCE:
-                work += c.collective_seconds(rank, a)
-        per_rank.append(work)
-        peak.append(top)
-    slowest = max(per_rank)
-    warm = (sched.num_stages - 1) * slowest / max(pricer.num_mb, 1)
+        stage = sched.stage_of(rank)
+        enc_f = np.zeros(n)
+        enc_b = np.zeros(n)
+        for (r, m), t in pr.enc_fwd.items():
+            if r == rank:
+                enc_f[m] = t
+        for (r, m), b in pr.enc_mem.items():
+            if r == rank:
+                enc_b[m] = b
+        busy = enc_f.sum() * (1.0 + pr.enc_bwd_ratio) + pr.grad_seconds[rank]
+        if stage >= 0:
+            busy += pr.llm_fwd[stage].sum() + pr.llm_bwd[stage].sum()
+        work.append(float(busy))
+        is_llm, mbs, signs = _memory_trace(prog)
+        if mbs.size:
+            act = pr.llm_act[stage] if stage >= 0 else np.zeros(n)
+            deltas = np.where(is_llm, act[mbs], enc_b[mbs]) * signs
+            peak.append(pr.static[rank] + max(0.0, float(np.cumsum(deltas).max())))
+        else:
+            peak.append(pr.static[rank])
+    slowest = max(work)
+    warm = (sched.num_stages - 1) * slowest / max(n, 1)
     return slowest + warm, max(peak)
+
+
+def _memory_trace(prog: Sequence[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Compute actions of one program as arrays: is-LLM, microbatch, +1 forward / -1 backward."""
+    rows = [(a.kind in (Kind.LLM_FWD, Kind.LLM_BWD), a.microbatch,
+             1.0 if a.kind in (Kind.LLM_FWD, Kind.ENC_FWD) else -1.0)
+            for a in prog if a.kind in COMPUTE_KINDS]
+    if not rows:
+        return np.zeros(0, bool), np.zeros(0, int), np.zeros(0)
+    arr = np.array(rows, dtype=np.float64)
+    return arr[:, 0].astype(bool), arr[:, 1].astype(int), arr[:, 2]
 
 
 def search(system: str, scenario: Scenario, cost: CostModel | None = None,
