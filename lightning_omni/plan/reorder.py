@@ -14,6 +14,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .costs import _require
 
 
@@ -135,33 +137,33 @@ def _longest_first(pool: Sequence[Item], ranks: Sequence[int], cap: float,
 def _pairwise_swaps(ranks: Sequence[int], by_id: Mapping[int, Item], cap: float, rounds: int,
                     assignment: list[list[int]], load: list[float], mem: list[float]) -> None:
     """Move or swap one sample between the most and the least loaded rank per round, taking
-    the exchange that brings the pair closest to even; stop when nothing improves."""
+    the exchange that brings the pair closest to even (ties: smallest sample ids); stop when
+    nothing improves. Bounded by ``rounds``, never by time."""
     if len(ranks) < 2:
         return
     for _ in range(rounds):
         hi = max(ranks, key=lambda r: (load[r], -r))
         lo = min(ranks, key=lambda r: (load[r], r))
         gap = load[hi] - load[lo]
-        if gap <= 0:
+        if gap <= 0 or not assignment[hi]:
             return
-        best: tuple[float, int, int] | None = None  # (new pair max, sid_hi, sid_lo or -1)
-        lo_options = [(0.0, 0.0, -1)] + [(by_id[s].cost, by_id[s].memory, s)
-                                          for s in assignment[lo]]
-        for sid_hi in assignment[hi]:
-            a = by_id[sid_hi]
-            for c_lo, m_lo, sid_lo in lo_options:
-                delta = a.cost - c_lo
-                if delta <= 0 or delta >= gap:
-                    continue
-                if mem[lo] + a.memory - m_lo > cap or mem[hi] - a.memory + m_lo > cap:
-                    continue
-                pair_max = max(load[hi] - delta, load[lo] + delta)
-                cand = (pair_max, sid_hi, sid_lo)
-                if best is None or cand < best:
-                    best = cand
-        if best is None:
+        hi_ids = np.array(assignment[hi], dtype=np.int64)
+        lo_ids = np.array([-1] + assignment[lo], dtype=np.int64)
+        hi_cost = np.array([by_id[s].cost for s in assignment[hi]])
+        hi_mem = np.array([by_id[s].memory for s in assignment[hi]])
+        lo_cost = np.array([0.0] + [by_id[s].cost for s in assignment[lo]])
+        lo_mem = np.array([0.0] + [by_id[s].memory for s in assignment[lo]])
+        delta = hi_cost[:, None] - lo_cost[None, :]
+        dmem = hi_mem[:, None] - lo_mem[None, :]
+        ok = (delta > 0) & (delta < gap) & (mem[lo] + dmem <= cap) & (mem[hi] - dmem <= cap)
+        if not ok.any():
             return
-        _, sid_hi, sid_lo = best
+        pair_max = np.where(ok, np.maximum(load[hi] - delta, load[lo] + delta), np.inf)
+        best = pair_max.min()
+        cand = np.argwhere(pair_max == best)
+        # deterministic tie-break on (sample id moving out, sample id moving in)
+        i, j = min(cand, key=lambda ij: (hi_ids[ij[0]], lo_ids[ij[1]]))
+        sid_hi, sid_lo = int(hi_ids[i]), int(lo_ids[j])
         _move(sid_hi, hi, lo, by_id, assignment, load, mem)
         if sid_lo >= 0:
             _move(sid_lo, lo, hi, by_id, assignment, load, mem)

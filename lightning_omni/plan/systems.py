@@ -18,7 +18,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 import numpy as np
 
@@ -150,8 +150,18 @@ class StepData:
                                                    batch_tokens=nominal))
         self._replicas: dict[tuple[str, int], list[list[list[int]]]] = {}
         self.arrays: dict[tuple, np.ndarray] = {}
+        self.schedules: dict[tuple, Schedule] = {}
+        self.traces: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self.splits: dict[tuple, tuple[float, float]] = {}
         self.spreads: dict[tuple, tuple[tuple[float, ...], tuple[tuple[int, ...], ...]]] = {}
+
+    def memory_traces(self, schedule: Schedule) -> list[tuple[np.ndarray, np.ndarray,
+                                                            np.ndarray]]:
+        """Per rank compute-action arrays of a schedule built through ``self.schedules``."""
+        key = id(schedule)
+        if key not in self.traces:
+            self.traces[key] = [_memory_trace(prog) for prog in schedule.actions]
+        return self.traces[key]
 
     @cached_property
     def total_llm_tokens(self) -> int:
@@ -229,13 +239,6 @@ def _pack_ffd(indices: list[int], tokens: np.ndarray, bins: int, capacity: int) 
 
 
 # ---- pricing ---------------------------------------------------------------------------------
-@lru_cache(maxsize=256)
-def _cached_schedule(builder: str, pp: int, num_mb: int) -> Schedule:
-    """Schedules are immutable and depend only on their shape: build each shape once."""
-    build = encoder_first_stage if builder == "encoder_first_stage" else encoder_disaggregated
-    return build(pp, num_mb, grad_sync=True)
-
-
 def _stage_layers(layers: int, pp: int, stage0_fraction: float = 1.0) -> list[int]:
     """Even split, except that stage 0 may take a fraction of its share (Megatron's uneven
     first stage): it holds the most in-flight activations, and in Megatron-like plans the
@@ -351,6 +354,12 @@ class StepPricer:
         return self.cost.param_bytes(self.sc.encoder.total_params, tp, replicas)
 
     # -- build ----------------------------------------------------------------------------
+    def _schedule(self, key: tuple, make) -> Schedule:
+        """Schedules are immutable and depend only on their shape: build each shape once."""
+        if key not in self.d.schedules:
+            self.d.schedules[key] = make()
+        return self.d.schedules[key]
+
     def build(self) -> _Priced:
         return {"megatron": self._megatron, "disaggregated": self._disaggregated,
                 "omni": self._omni}[self.system]()
@@ -408,7 +417,8 @@ class StepPricer:
 
     def _megatron(self) -> _Priced:
         cfg, enc = self.cfg, self.sc.encoder
-        sched = _cached_schedule("encoder_first_stage", cfg.pp, self.num_mb)
+        sched = self._schedule(("encoder_first_stage", cfg.pp, self.num_mb),
+                               lambda: encoder_first_stage(cfg.pp, self.num_mb, grad_sync=True))
         enc_fwd, enc_mem = {}, {}
         for m, mb in enumerate(self.mbs):
             lens = self.d.enc_tokens[mb]
@@ -425,7 +435,8 @@ class StepPricer:
 
     def _disaggregated(self) -> _Priced:
         cfg, enc = self.cfg, self.sc.encoder
-        sched = _cached_schedule("encoder_disaggregated", cfg.pp, self.num_mb)
+        sched = self._schedule(("encoder_disaggregated", cfg.pp, self.num_mb),
+                               lambda: encoder_disaggregated(cfg.pp, self.num_mb, grad_sync=True))
         enc_rank = cfg.pp
         lanes_total = cfg.encoder_gpus // cfg.encoder_tp
         lanes = lanes_total / cfg.dp
@@ -491,7 +502,9 @@ class StepPricer:
                     self.d.splits[key] = (split.makespan, max(split.peak_memory_bytes))
                 enc_fwd[r, m], enc_mem[r, m] = self.d.splits[key]
                 rank_samples[r, m] = assigned
-        sched = uniform_insertion(pp, self.num_mb, shares, grad_sync=True)
+        # shares depend only on (dp, pp): every layout with them shares one schedule
+        sched = self._schedule(("uniform_insertion", cfg.dp, pp),
+                               lambda: uniform_insertion(pp, self.num_mb, shares, grad_sync=True))
         replicas = cfg.dp * pp * lanes
         static = [self.llm_static_bytes(s) + self.enc_static_bytes(cfg.encoder_tp, replicas)
                   for s in range(pp)]
@@ -625,23 +638,25 @@ def estimate(pricer: StepPricer) -> tuple[float, float]:
     """
     pr = pricer.build()
     sched = pr.schedule
+    traces = pricer.d.memory_traces(sched)
     n = pricer.num_mb
+    enc_f_all: dict[int, np.ndarray] = {}
+    enc_b_all: dict[int, np.ndarray] = {}
+    for (r, m), t in pr.enc_fwd.items():
+        enc_f_all.setdefault(r, np.zeros(n))[m] = t
+    for (r, m), b in pr.enc_mem.items():
+        enc_b_all.setdefault(r, np.zeros(n))[m] = b
+    zeros = np.zeros(n)
     work, peak = [], []
-    for rank, prog in enumerate(sched.actions):
+    for rank in range(sched.num_ranks):
         stage = sched.stage_of(rank)
-        enc_f = np.zeros(n)
-        enc_b = np.zeros(n)
-        for (r, m), t in pr.enc_fwd.items():
-            if r == rank:
-                enc_f[m] = t
-        for (r, m), b in pr.enc_mem.items():
-            if r == rank:
-                enc_b[m] = b
+        enc_f = enc_f_all.get(rank, zeros)
+        enc_b = enc_b_all.get(rank, zeros)
         busy = enc_f.sum() * (1.0 + pr.enc_bwd_ratio) + pr.grad_seconds[rank]
         if stage >= 0:
             busy += pr.llm_fwd[stage].sum() + pr.llm_bwd[stage].sum()
         work.append(float(busy))
-        is_llm, mbs, signs = _memory_trace(prog)
+        is_llm, mbs, signs = traces[rank]
         if mbs.size:
             act = pr.llm_act[stage] if stage >= 0 else np.zeros(n)
             deltas = np.where(is_llm, act[mbs], enc_b[mbs]) * signs
