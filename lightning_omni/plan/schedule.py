@@ -244,10 +244,10 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
     """Omni: each microbatch's encoder work is spread over the pipeline's ranks.
 
     ``shares[m][r]`` is rank r's fraction of microbatch m's encoder work (default:
-    ``default_shares``; a zero share means no action and no message). Rank r computes encoder forward of m before
-    its LLM forward of m-P (so features reach stage 0 before its F(m)) and encoder backward of
-    m before its LLM forward of m+P (after stage 0's B(m) returned the feature gradients).
-    Leftover backwards run after the last LLM backward.
+    ``default_shares``; a zero share means no action and no message). Rank r computes
+    encoder forward of m before its LLM forward of m-P (so features reach stage 0 before its
+    F(m)) and encoder backward of m before its LLM forward of m+P (after stage 0's B(m)
+    returned the feature gradients). Leftover backwards run after the last LLM backward.
     """
     _check_sizes(num_stages, num_microbatches)
     p, n = num_stages, num_microbatches

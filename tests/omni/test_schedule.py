@@ -96,7 +96,7 @@ def test_encoder_timing_dependencies_hold_in_simulation(p, n, f, e, link):
         stage0 = s.stage_ranks[0]
         f0 = {iv.microbatch: iv for r, iv in spans if r == stage0 and iv.kind == Kind.LLM_FWD}
         b0 = {iv.microbatch: iv for r, iv in spans if r == stage0 and iv.kind == Kind.LLM_BWD}
-        for r, iv in spans:
+        for _, iv in spans:
             if iv.kind == Kind.ENC_FWD:
                 assert iv.end <= f0[iv.microbatch].start + 1e-9
             if iv.kind == Kind.ENC_BWD:
