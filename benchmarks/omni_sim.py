@@ -28,7 +28,9 @@ from lightning_omni.plan.costs import (  # noqa: E402
     CostModel,
 )
 from lightning_omni.plan.systems import (  # noqa: E402
+    CONVENTIONAL_PIPELINE_GRID,
     SYSTEMS,
+    Grid,
     Scenario,
     StepData,
     predict,
@@ -75,6 +77,26 @@ def run_scenario(sc: Scenario, label: str, ratio: float, pool: int | None) -> li
     return rows
 
 
+NO_RECOMPUTE_GRID = Grid(recompute=((False, False),))
+
+
+def sensitivity(sc: Scenario, omni_tokens_per_s: float) -> dict:
+    """How the answer depends on the baseline's configuration space: Megatron-like restricted
+    to a conventional pipeline (PP >= 2, even layer split, all-or-nothing recompute), and
+    Megatron-like without activation recompute."""
+    cost = CostModel(sc.hardware)
+    data = StepData(sc, cost)
+    conv = search("megatron", sc, cost, data, grid=CONVENTIONAL_PIPELINE_GRID).best
+    norec = search("megatron", sc, cost, data, grid=NO_RECOMPUTE_GRID).best
+    return {
+        "conventional_megatron": str(conv.config),
+        "conventional_megatron_tokens_per_s": round(conv.tokens_per_s, 1),
+        "speedup_vs_conventional_megatron": round(omni_tokens_per_s / conv.tokens_per_s, 3),
+        "megatron_without_recompute_oom": norec.oom,
+        "megatron_without_recompute_stage0_gb": round(norec.stage0_memory_gb, 1),
+    }
+
+
 def _stage0_at_same_layout(sc: Scenario, cost: CostModel, data: StepData, mega) -> float | None:
     """Omni's stage-0 peak under Megatron-like's chosen layout (only meaningful with a
     pipeline): the paper's first-stage memory comparison, free of layout differences."""
@@ -106,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     groups: dict[tuple[str, float], list[dict]] = {}
     pools: dict[str, int] = {}
+    scenarios: dict[tuple[str, float], Scenario] = {}
     for name, (enc, llm, gpus, batch, seq) in WORKLOADS.items():
         for ratio in (0.5, 0.1, 0.9):  # 5:5 first: it fixes the static encoder pool
             sc = Scenario(f"{name}-{ratio}", enc, llm, H100_80G, gpus, batch, seq,
                           image_text_mixture(ratio), seed=args.seed)
+            scenarios[name, ratio] = sc
             groups[name, ratio] = run_scenario(sc, name, ratio, pools.get(name))
             if name not in pools:
                 pools[name] = next(r["encoder_gpus"] for r in groups[name, ratio]
@@ -121,11 +145,18 @@ def main(argv: list[str] | None = None) -> int:
     for label, seq_len in LONG_SEQ.items():
         sc = Scenario(f"C-{label}", enc, llm, H100_80G, gpus, batch * seq // seq_len, seq_len,
                       image_text_mixture(0.5, long_max=seq_len, long_share=0.05), seed=args.seed)
+        scenarios[label, 0.5] = sc
         long_rows[label] = run_scenario(sc, f"C-{label}", 0.5, pools["C"])
         rows += long_rows[label]
     max_speedup = {name: round(max(speedup_of(groups[name, r]) for r in RATIOS), 3)
                    for name in WORKLOADS}
     long_speedup = {label: round(speedup_of(r), 3) for label, r in long_rows.items()}
+    sens = {}
+    for key, sc in scenarios.items():
+        if key[1] == 0.9 or key[0] in LONG_SEQ:
+            rs = groups.get(key) or long_rows[key[0]]
+            omni = next(r for r in rs if r["system"] == "omni")
+            sens[f"{key[0]}-{key[1]}"] = sensitivity(sc, omni["tokens_per_s"])
     oracle = BASELINES + ("disaggregated_retuned",)
     vs_oracle = {f"{k[0]}-{k[1]}": round(speedup_of(v, oracle), 3) for k, v in groups.items()}
     vs_oracle.update({k: round(speedup_of(v, oracle), 3) for k, v in long_rows.items()})
@@ -144,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "stage0_mem_ratio_at_best_layouts": round(max(best_layout_ratio), 3),
         "speedup_vs_retuned_pool": vs_oracle,
         "static_encoder_pool_gpus": pools,
+        "sensitivity": sens,
         "paper": PAPER,
         "seconds": round(time.perf_counter() - start, 1),
     }
@@ -155,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
           f"with a pipeline): {result['stage0_mem_reduction']}x  paper: 2.21x; at each "
           f"system's own best layout: {result['stage0_mem_ratio_at_best_layouts']}x")
     print(f"omni / best incl. a disaggregated pool re-tuned per mix: {vs_oracle}")
+    for key, v in sens.items():
+        print(f"{key}: omni / conventional Megatron-like ({v['conventional_megatron']}) = "
+              f"{v['speedup_vs_conventional_megatron']}x; Megatron-like without recompute "
+              f"{'OOM' if v['megatron_without_recompute_oom'] else 'fits'} "
+              f"(stage 0 {v['megatron_without_recompute_stage0_gb']} GB)")
     print(f"simulated in {result['seconds']} s")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))

@@ -553,10 +553,20 @@ def _check_config(system: str, scenario: Scenario, cfg: ParallelConfig) -> None:
 
 
 # ---- grid search -----------------------------------------------------------------------------
-TP_CHOICES = (1, 2, 4, 8)
-PP_CHOICES = (1, 2, 4, 8, 16)
-RECOMPUTE_CHOICES = ((False, False), (False, True), (True, True))  # (LLM, encoder)
-STAGE0_FRACTIONS = (1.0, 0.5, 0.0)  # stage 0's share of an even LLM layer split
+@dataclass(frozen=True)
+class Grid:
+    """The layout dimensions a search may choose from."""
+
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    pp: tuple[int, ...] = (1, 2, 4, 8, 16)
+    recompute: tuple[tuple[bool, bool], ...] = ((False, False), (False, True), (True, True))
+    stage0_fractions: tuple[float, ...] = (1.0, 0.5, 0.0)  # of an even LLM layer split
+
+
+DEFAULT_GRID = Grid()
+# A conventionally configured pipeline: no uneven first stage, all-or-nothing recompute.
+CONVENTIONAL_PIPELINE_GRID = Grid(pp=(2, 4, 8, 16), recompute=((False, False), (True, True)),
+                                  stage0_fractions=(1.0,))
 
 
 def encoder_pool_choices(num_gpus: int) -> list[int]:
@@ -567,7 +577,8 @@ def encoder_pool_choices(num_gpus: int) -> list[int]:
 
 
 def candidate_configs(system: str, scenario: Scenario,
-                      encoder_pools: Sequence[int] | None = None) -> list[ParallelConfig]:
+                      encoder_pools: Sequence[int] | None = None,
+                      grid: Grid = DEFAULT_GRID) -> list[ParallelConfig]:
     """Every layout the grid search may pick for ``system`` (same grid for all systems where
     the system has the dimension). ``encoder_pools`` restricts the disaggregated pool sizes."""
     _require(system in SYSTEMS, "system", f"one of {SYSTEMS}", system)
@@ -580,25 +591,25 @@ def candidate_configs(system: str, scenario: Scenario,
             _require(1 <= pool < n, "encoder_pools", f"sizes in [1, {n})", pool)
     for pool in enc_pools:
         llm_gpus = n - pool
-        for tp in TP_CHOICES:
-            for pp in PP_CHOICES:
+        for tp in grid.tp:
+            for pp in grid.pp:
                 if llm_gpus % (tp * pp) or pp > scenario.llm.layers:
                     continue
                 dp = llm_gpus // (tp * pp)
                 if dp < 1 or dp > scenario.global_batch:
                     continue
                 for (recompute, enc_recompute), cut in itertools.product(
-                        RECOMPUTE_CHOICES, STAGE0_FRACTIONS if pp > 1 else (1.0,)):
+                        grid.recompute, grid.stage0_fractions if pp > 1 else (1.0,)):
                     if system == "megatron":
                         out.append(ParallelConfig(tp, pp, dp, recompute, 0, tp, enc_recompute,
                                                   cut))
                     elif system == "disaggregated":
-                        for etp in TP_CHOICES:
+                        for etp in grid.tp:
                             if etp <= pool and pool % etp == 0:
                                 out.append(ParallelConfig(tp, pp, dp, recompute, pool, etp,
                                                           enc_recompute, cut))
                     else:
-                        for etp in TP_CHOICES:
+                        for etp in grid.tp:
                             if tp % etp == 0:
                                 out.append(ParallelConfig(tp, pp, dp, recompute, 0, etp,
                                                           enc_recompute, cut))
@@ -681,14 +692,15 @@ def _memory_trace(prog: Sequence[Action]) -> tuple[np.ndarray, np.ndarray, np.nd
 
 def search(system: str, scenario: Scenario, cost: CostModel | None = None,
            data: StepData | None = None, top_k: int = 4,
-           encoder_pools: Sequence[int] | None = None) -> SearchResult:
+           encoder_pools: Sequence[int] | None = None,
+           grid: Grid = DEFAULT_GRID) -> SearchResult:
     """Grid search: screen all candidates in closed form, simulate the ``top_k`` that fit in
     memory (or, if none fits, the ``top_k`` smallest), return the fastest non-OOM one."""
     cost = cost or CostModel(scenario.hardware)
     data = data or StepData(scenario, cost)
     cap = scenario.hardware.memory_cap_bytes
     scored = []
-    for cfg in candidate_configs(system, scenario, encoder_pools):
+    for cfg in candidate_configs(system, scenario, encoder_pools, grid):
         pricer = StepPricer(data, system, cfg)
         if not static_memory_fits(pricer):
             scored.append((True, math.inf, cfg))
