@@ -110,3 +110,18 @@ def test_sample_meta_sums_segments():
     assert s.encoder_tokens() == 1536
     assert s.encoder_lengths("image") == (1024, 512)
     assert isinstance(FittedCurve(1, 0).seconds(np.array([2.0]))[0], float)
+
+
+def test_plan_package_does_not_import_torch():
+    """Planning must stay pure: importing every plan module pulls in neither torch nor
+    torch.distributed (checked in a fresh interpreter, since other tests may import torch)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import lightning_omni.plan.costs, lightning_omni.plan.workload, "
+            "lightning_omni.plan.schedule, lightning_omni.plan.lssp, lightning_omni.plan.reorder, "
+            "lightning_omni.plan.simulate, lightning_omni.plan.systems; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
