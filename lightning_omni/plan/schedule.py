@@ -247,7 +247,8 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
     ``default_shares``; a zero share means no action and no message). Rank r computes
     encoder forward of m before its LLM forward of m-P (so features reach stage 0 before its
     F(m)) and encoder backward of m before its LLM forward of m+P (after stage 0's B(m)
-    returned the feature gradients). Leftover backwards run after the last LLM backward.
+    returned the feature gradients). The last P microbatches' encoder backwards run in the
+    drain, after the rank's own B(m+r+1).
     """
     _check_sizes(num_stages, num_microbatches)
     p, n = num_stages, num_microbatches
@@ -281,12 +282,16 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
         prog: list[Action] = []
         for m in range(min(p, n)):
             prog += enc_fwd(r, m)
-        backward_done = 0
+        # Drain microbatches (no F(m+P) to ride on): encoder backward of m goes after this
+        # rank's B(m+r+1), about when stage 0's B(m) has returned its feature gradients.
+        drain = range(max(0, n - p), n)
+        after_backward: dict[int, list[int]] = {}
+        for m in drain:
+            after_backward.setdefault(min(m + r + 1, n - 1), []).append(m)
         for op, m in one_f_one_b_order(p, n, r):
             if op == "F":
                 if m - p >= 0:
                     prog += enc_bwd(r, m - p)
-                    backward_done = m - p + 1
                 if m + p < n:
                     prog += enc_fwd(r, m + p)
                 if r == 0:
@@ -302,8 +307,8 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
                         if shares[m][dst] > 0:
                             prog.append(Action(Kind.SEND, m, 0, dst, Payload.FEATURE_GRAD,
                                                shares[m][dst]))
-        for m in range(backward_done, n):
-            prog += enc_bwd(r, m)
+                for pending in after_backward.pop(m, []):
+                    prog += enc_bwd(r, pending)
         programs.append(prog)
     _grad_sync(programs, grad_sync)
     bound = tuple(min(p - s, n) for s in range(p))
