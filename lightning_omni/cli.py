@@ -44,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for ratio, scenario in request.scenarios:
         data = StepData(scenario, request.cost)
         for system in request.systems:
-            best = search(system, scenario, request.cost, data).best
+            pools = request.encoder_pools if system == "disaggregated" else None
+            best = search(system, scenario, request.cost, data, encoder_pools=pools).best
             results[system].append((ratio, best))
             print(f"{ratio:5.2f}  {SYSTEM_LABELS[system]:28} {best.tokens_per_s / 1e3:9.1f} "
                   f"{best.step_seconds:8.3f} {best.stage0_memory_gb:9.1f}  "

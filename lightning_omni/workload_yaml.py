@@ -36,6 +36,7 @@ class PlanRequest:
     systems: tuple[str, ...]
     cost: CostModel
     timeline_ratio: float
+    encoder_pools: tuple[int, ...] | None = None
 
 
 def _get(section: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str,
@@ -120,6 +121,11 @@ def parse_workload(data: Any, base_dir: Path | None = None) -> PlanRequest:
         if s not in SYSTEMS:
             raise WorkloadError(f"systems: expected names from {SYSTEMS}, got {s!r}")
     seed = _get(data, "seed", int, "workload", 0)
+    pools = _get(data, "disaggregated_encoder_gpus", list, "workload", None)
+    if pools is not None and (not pools or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 1 <= x < gpus for x in pools)):
+        raise WorkloadError(f"disaggregated_encoder_gpus: expected a list of ints in "
+                            f"[1, {gpus}), got {pools!r}")
     cost = CostModel(hardware)
     profile = data.get("profile")
     if profile is not None:
@@ -139,7 +145,8 @@ def parse_workload(data: Any, base_dir: Path | None = None) -> PlanRequest:
         except ValueError as err:
             raise WorkloadError(str(err)) from None
         scenarios.append((r, sc))
-    return PlanRequest(name, tuple(scenarios), systems, cost, timeline_ratio)
+    return PlanRequest(name, tuple(scenarios), systems, cost, timeline_ratio,
+                       tuple(pools) if pools else None)
 
 
 def load_workload(path: str | Path) -> PlanRequest:

@@ -54,6 +54,7 @@ def test_custom_model_and_hardware_fields():
     ({"mixture": {"kind": "video"}}, "mixture.kind"),
     ({"systems": ["omni", "zero"]}, "systems"),
     ({"batch": {"seq_len": 4096}}, "batch.global_batch"),
+    ({"disaggregated_encoder_gpus": [64]}, "disaggregated_encoder_gpus"),
 ])
 def test_bad_yaml_names_the_field(patch, message, tmp_path, capsys):
     with pytest.raises(WorkloadError, match=message):
@@ -62,6 +63,15 @@ def test_bad_yaml_names_the_field(patch, message, tmp_path, capsys):
     path.write_text(yaml.safe_dump(dict(TINY, **patch)))
     assert main([str(path), "--no-plots", "--out-dir", str(tmp_path)]) == 2
     assert message.split(":")[0] in capsys.readouterr().err
+
+
+def test_pinned_encoder_pool_is_used(tmp_path, capsys):
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(dict(TINY, systems=["disaggregated"],
+                                        disaggregated_encoder_gpus=[4])))
+    assert main([str(path), "--no-plots", "--out-dir", str(tmp_path)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "Disaggregated" in ln]
+    assert lines and all("enc4gpu" in ln for ln in lines)
 
 
 def test_missing_file():
