@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         a = plot_throughput(results, args.out_dir / "throughput.png",
                             f"{request.name}: predicted throughput")
         b = plot_timeline(timeline, args.out_dir / "timeline.png",
-                          f"{request.name}: one step at image share {request.timeline_ratio}")
+                          f"{request.name}: one step at share {request.timeline_ratio}")
         print(f"wrote {a} and {b}")
     print(f"wrote {args.out_dir / 'summary.json'}")
     return 0
@@ -77,7 +77,7 @@ def _print_speedups(results: dict[str, list[tuple[float, Prediction]]]) -> None:
         fitting = [pts[i][1].tokens_per_s for s, pts in results.items()
                    if s != "omni" and not pts[i][1].oom]
         if fitting and not omni.oom:
-            print(f"image share {ratio:.2f}: Omni / best baseline = "
+            print(f"share {ratio:.2f}: Omni / best baseline = "
                   f"{omni.tokens_per_s / max(fitting):.2f}x")
 
 

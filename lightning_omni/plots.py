@@ -41,9 +41,9 @@ def plot_throughput(results: Mapping[str, Sequence[tuple[float, Prediction]]], p
 
 def plot_timeline(predictions: Sequence[Prediction], path: Path, title: str) -> Path:
     """One panel per system: a row per simulated rank, a bar per compute span."""
-    fig, axes = plt.subplots(len(predictions), 1, figsize=(10, 1.2 + 1.1 * sum(
-        len(p.sim.timeline) for p in predictions) / max(1, len(predictions)) * len(predictions)
-        / 2), squeeze=False)
+    rows = sum(len(p.sim.timeline) for p in predictions)
+    fig, axes = plt.subplots(len(predictions), 1, squeeze=False,
+                             figsize=(10, 1.5 + 0.9 * len(predictions) + 0.3 * rows))
     horizon = max(p.step_seconds for p in predictions)
     for ax, pred in zip(axes[:, 0], predictions, strict=True):
         for rank, spans in enumerate(pred.sim.timeline):

@@ -2,5 +2,5 @@
 
 from hypothesis import settings
 
-settings.register_profile("omni", max_examples=40, deadline=None)
+settings.register_profile("omni", max_examples=60, deadline=None)
 settings.load_profile("omni")
