@@ -14,7 +14,7 @@ from .plan.schedule import Kind  # noqa: E402
 from .plan.systems import SYSTEM_LABELS, Prediction  # noqa: E402
 
 COLORS = {Kind.LLM_FWD: "#4c78a8", Kind.LLM_BWD: "#9ecae9", Kind.ENC_FWD: "#f58518",
-          Kind.ENC_BWD: "#ffbf79", Kind.ALLREDUCE: "#54a24b"}
+          Kind.ENC_BWD: "#ffbf79", Kind.ALLREDUCE: "#54a24b", Kind.ALLTOALL: "#b279a2"}
 
 
 def plot_throughput(results: Mapping[str, Sequence[tuple[float, Prediction]]], path: Path,

@@ -323,6 +323,16 @@ class CostModel:
         bw = hw.nvlink_bytes_per_s if inside_node else hw.ib_bytes_per_s
         return (group - 1) * alpha + (group - 1) / group * nbytes_per_rank / bw
 
+    def exchange_seconds(self, nbytes: float, group: int, inside_node: bool) -> float:
+        """An uneven all-to-all in which this rank moves ``nbytes`` (the larger of what it
+        sends and receives): one latency per peer plus the bytes over its link."""
+        if group <= 1 or nbytes <= 0:
+            return 0.0
+        hw = self.hardware
+        alpha = hw.nvlink_latency_s if inside_node else hw.ib_latency_s
+        bw = hw.nvlink_bytes_per_s if inside_node else hw.ib_bytes_per_s
+        return float((group - 1) * alpha + nbytes / bw)
+
     # ---- memory --------------------------------------------------------------------------
     def param_bytes(self, params: float, tp: int, dp_shards: int) -> float:
         """bf16 weights + fp32 grads locally; fp32 Adam states sharded over DP (ZeRO-1)."""

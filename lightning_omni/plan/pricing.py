@@ -58,7 +58,7 @@ class _Priced:
     enc_mem: dict[tuple[int, int], float]
     enc_bwd_ratio: float
     static: list[float]
-    grad_seconds: list[float]
+    collective_seconds: list[float]
 
 
 class StepPricer:
@@ -161,7 +161,8 @@ class StepPricer:
 
     def _common(self, sched: Schedule, enc_fwd: dict[tuple[int, int], float],
                 enc_mem: dict[tuple[int, int], float], static: list[float], transfer_extra,
-                grad_bytes: list[float], grad_group: list[int]) -> _Priced:
+                grad_bytes: list[float], grad_group: list[int],
+                exchange_seconds: float = 0.0) -> _Priced:
         pp = self.cfg.pp
         llm_f = [self.llm_seconds_all(s, "fwd") for s in range(pp)]
         llm_b = [self.llm_seconds_all(s, "bwd") for s in range(pp)]
@@ -169,9 +170,12 @@ class StepPricer:
         ratio = self.bwd_ratio
         hidden_bytes = self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp
         _, mb_tokens, _ = self.d.llm_moments(self.replica_kind, self.cfg.dp)
-        grad_seconds = [self.cost.allreduce_seconds(grad_bytes[r], grad_group[r],
-                                                    inside_node=False)
-                        for r in range(len(grad_bytes))]
+        # a data-parallel group stays inside a node only when all its replicas fit in one
+        gpn = self.sc.hardware.gpus_per_node
+        replica_gpus = self.cfg.tp * self.cfg.pp
+        grad_seconds = [self.cost.allreduce_seconds(
+            grad_bytes[r], grad_group[r], inside_node=grad_group[r] * replica_gpus <= gpn)
+            for r in range(len(grad_bytes))]
 
         def compute(rank: int, a: Action) -> float:
             if a.kind == Kind.LLM_FWD:
@@ -195,12 +199,12 @@ class StepPricer:
             return transfer_extra(rank, a)
 
         def collective(rank: int, a: Action) -> float:
-            return grad_seconds[rank]
+            return exchange_seconds if a.payload == Payload.SAMPLES else grad_seconds[rank]
 
         costs = StepCosts(compute, transfer, collective, memory, lambda r: static[r],
                           self.sc.hardware.memory_cap_bytes)
         return _Priced(sched, costs, llm_f, llm_b, act, enc_fwd, enc_mem, ratio, static,
-                       grad_seconds)
+                       [g + exchange_seconds for g in grad_seconds])
 
     def _feature_seconds(self, indices: Sequence[int], inside: bool) -> float:
         tokens = float(self.d.enc_llm_tokens[list(indices)].sum()) if indices else 0.0
@@ -299,7 +303,8 @@ class StepPricer:
                 rank_samples[r, m] = assigned
         # shares depend only on (dp, pp): every layout with them shares one schedule
         sched = self._schedule(("uniform_insertion", cfg.dp, pp),
-                               lambda: uniform_insertion(pp, self.num_mb, shares, grad_sync=True))
+                               lambda: uniform_insertion(pp, self.num_mb, shares, grad_sync=True,
+                                                         sample_exchange=cfg.dp > 1))
         replicas = cfg.dp * pp * lanes
         static = [self.llm_static_bytes(s) + self.enc_static_bytes(cfg.encoder_tp, replicas)
                   for s in range(pp)]
@@ -311,7 +316,11 @@ class StepPricer:
 
         grad = [self._llm_grad_bytes(s) + enc.total_params * BYTES_BF16 / cfg.encoder_tp
                 for s in range(pp)]
-        return self._common(sched, enc_fwd, enc_mem, static, transfer, grad, [cfg.dp] * pp)
+        group = min(cfg.dp, self.sc.reorder_group_replicas)
+        exchange = self.cost.exchange_seconds(self.d.exchange_bytes.get(cfg.dp, 0.0), group,
+                                              inside_node=False)
+        return self._common(sched, enc_fwd, enc_mem, static, transfer, grad, [cfg.dp] * pp,
+                            exchange)
 
 
 def predict(system: str, scenario: Scenario, config: ParallelConfig,

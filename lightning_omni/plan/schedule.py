@@ -30,9 +30,11 @@ class Kind(str, Enum):  # noqa: UP042 - requires-python allows 3.10 (no StrEnum)
     SEND = "send"
     RECV = "recv"
     ALLREDUCE = "allreduce"
+    ALLTOALL = "alltoall"
 
 
 COMPUTE_KINDS = frozenset({Kind.LLM_FWD, Kind.LLM_BWD, Kind.ENC_FWD, Kind.ENC_BWD})
+COLLECTIVE_KINDS = frozenset({Kind.ALLREDUCE, Kind.ALLTOALL})
 
 
 class Payload(str, Enum):  # noqa: UP042
@@ -46,6 +48,7 @@ class Payload(str, Enum):  # noqa: UP042
     FEATURES = "feat"           # encoder rank -> stage 0
     FEATURE_GRAD = "feat_grad"  # stage 0 -> encoder rank
     WEIGHT_GRADS = "weight_grads"
+    SAMPLES = "samples"         # grouped reordering's sample exchange
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +243,7 @@ def default_shares(num_stages: int, num_microbatches: int) -> list[list[float]]:
 
 def uniform_insertion(num_stages: int, num_microbatches: int,
                       shares: Sequence[Sequence[float]] | None = None,
-                      grad_sync: bool = False) -> Schedule:
+                      grad_sync: bool = False, sample_exchange: bool = False) -> Schedule:
     """Omni: each microbatch's encoder work is spread over the pipeline's ranks.
 
     ``shares[m][r]`` is rank r's fraction of microbatch m's encoder work (default:
@@ -248,7 +251,8 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
     encoder forward of m before its LLM forward of m-P (so features reach stage 0 before its
     F(m)) and encoder backward of m before its LLM forward of m+P (after stage 0's B(m)
     returned the feature gradients). The last P microbatches' encoder backwards run in the
-    drain, after the rank's own B(m+r+1).
+    drain, after the rank's own B(m+r+1). ``sample_exchange`` starts every rank with the
+    grouped-reordering all-to-all.
     """
     _check_sizes(num_stages, num_microbatches)
     p, n = num_stages, num_microbatches
@@ -280,6 +284,8 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
     programs: list[list[Action]] = []
     for r in range(p):
         prog: list[Action] = []
+        if sample_exchange:
+            prog.append(Action(Kind.ALLTOALL, payload=Payload.SAMPLES))
         for m in range(min(p, n)):
             prog += enc_fwd(r, m)
         # Drain microbatches (no F(m+P) to ride on): encoder backward of m goes after this

@@ -130,7 +130,7 @@ def estimate(pricer: StepPricer) -> tuple[float, float]:
         stage = sched.stage_of(rank)
         enc_f = enc_f_all.get(rank, zeros)
         enc_b = enc_b_all.get(rank, zeros)
-        busy = enc_f.sum() * (1.0 + pr.enc_bwd_ratio) + pr.grad_seconds[rank]
+        busy = enc_f.sum() * (1.0 + pr.enc_bwd_ratio) + pr.collective_seconds[rank]
         if stage >= 0:
             busy += pr.llm_fwd[stage].sum() + pr.llm_bwd[stage].sum()
         work.append(float(busy))

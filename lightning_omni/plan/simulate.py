@@ -12,12 +12,21 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .schedule import COMPUTE_KINDS, Action, Kind, Schedule, ScheduleError, message_key
+from .schedule import (
+    COLLECTIVE_KINDS,
+    COMPUTE_KINDS,
+    Action,
+    Kind,
+    Schedule,
+    ScheduleError,
+    message_key,
+)
 
 
 @dataclass(frozen=True)
 class StepCosts:
-    """Prices of one schedule's actions. All callables take (rank, action)."""
+    """Prices of one schedule's actions. All callables take (rank, action); collectives
+    (all-reduce, all-to-all) are priced per rank, for the group the rank belongs to."""
 
     compute_seconds: Callable[[int, Action], float]
     transfer_seconds: Callable[[int, Action], float]
@@ -102,7 +111,7 @@ def simulate(schedule: Schedule, costs: StepCosts, record_timeline: bool = False
                     waiting[key] = rank
                     break
                 clock[rank] = max(clock[rank], arrivals.pop(key))
-            elif kind == Kind.ALLREDUCE:
+            elif kind in COLLECTIVE_KINDS:
                 dur = costs.collective_seconds(rank, a)
                 start = max(clock[rank], link_free[rank])
                 if record_timeline:

@@ -16,6 +16,8 @@ from .scenario import Scenario
 from .schedule import COMPUTE_KINDS, Action, Kind, Schedule
 from .workload import draw_samples, pack_sequences
 
+PATCH_BYTES = 14 * 14 * 3
+
 
 class StepData:
     """The sampled step of a scenario and per-sample costs, shared by every system."""
@@ -40,6 +42,11 @@ class StepData:
             [sum(g.llm_tokens for g in s.segments if g.encoder_tokens) for s in self.samples],
             dtype=np.float64)
         self.index = {s.sample_id: i for i, s in enumerate(self.samples)}
+        # What the reordering all-to-all moves per sample: raw pixels or audio frames per
+        # encoder token (a 14x14 RGB patch) and 4-byte text token ids.
+        self.sample_bytes = self.enc_tokens * PATCH_BYTES + 4.0 * (
+            self.llm_tokens - self.enc_llm_tokens)
+        self.exchange_bytes: dict[int, float] = {}
         enc, llm = scenario.encoder, scenario.llm
         nominal = 4096.0
         # Whole-model fwd+bwd seconds on one GPU: the balancing cost of a sample.
@@ -100,6 +107,11 @@ class StepData:
             out = [_pack_ffd(list(a), self.llm_tokens, counts[d], seq_len)
                    for d, a in enumerate(plan.assignment)]
             self._replicas[key] = out
+            moved = [max(sum(self.sample_bytes[i] for ids in plan.sends[d].values()
+                             for i in ids),
+                         sum(self.sample_bytes[i] for ids in plan.recvs[d].values()
+                             for i in ids)) for d in range(dp)]
+            self.exchange_bytes[dp] = float(max(moved, default=0.0))
         return self._replicas[key]
 
     def llm_moments(self, kind: str, dp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

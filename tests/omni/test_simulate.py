@@ -58,3 +58,13 @@ def test_collectives_and_static_memory_are_priced():
     assert sim.peak_memory_bytes == (100.0, 200.0)
     assert sim.oom == (False, True)
     assert sim.timeline[0][-1].kind == Kind.ALLREDUCE
+
+
+def test_sample_exchange_is_a_collective_priced_up_front():
+    s = uniform_insertion(2, 4, sample_exchange=True)
+    assert all(prog[0].kind == Kind.ALLTOALL for prog in s.actions)
+    base = uniform_costs(1, 2)
+    priced = StepCosts(base.compute_seconds, base.transfer_seconds, lambda r, a: 0.5,
+                       base.memory_delta_bytes, base.static_memory_bytes, base.memory_cap_bytes)
+    without = simulate(uniform_insertion(2, 4), base).step_seconds
+    assert simulate(s, priced).step_seconds == pytest.approx(without + 0.5)

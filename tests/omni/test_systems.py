@@ -51,8 +51,10 @@ def test_prediction_runs_the_builders_action_lists(small):
             if a.kind == Kind.ENC_FWD:
                 shares[a.microbatch][a.stage] = a.share
     rebuilt = uniform_insertion(4, omni.schedule.num_microbatches,
-                                [s if sum(s) else [0.25] * 4 for s in shares], grad_sync=True)
+                                [s if sum(s) else [0.25] * 4 for s in shares], grad_sync=True,
+                                sample_exchange=True)
     assert rebuilt.actions == omni.schedule.actions
+    assert omni.schedule.actions[0][0].kind == Kind.ALLTOALL
 
 
 def test_uniform_insertion_lowers_stage0_memory_and_time_at_the_same_layout(small):
