@@ -16,8 +16,10 @@ work on the machine then hurts all of them alike. ``benchmarks/pool_throughput.p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -205,10 +207,26 @@ def measure_g1(quick: bool, num_threads: int, rounds: int, seconds: float) -> di
 # ---------------------------------------------------------------------------- gymnasium
 
 
+@contextlib.contextmanager
+def _quiet_stdout():
+    """gymnasium's ant.xml uses a compiler attribute MuJoCo 4 deprecates, and MuJoCo prints the
+    warning from C for every env made: keep the benchmark's table readable."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _reset_states(name: str, count: int) -> tuple[mujoco.MjModel, np.ndarray, int]:
     import gymnasium as gym
 
-    env = gym.make(name)
+    with _quiet_stdout():
+        env = gym.make(name)
     u = env.unwrapped
     spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
     rows = np.empty((count, mujoco.mj_stateSize(u.model, spec)))
@@ -240,8 +258,9 @@ def _gym_vector(name: str, kind: str, n: int, rng: np.random.Generator
     import gymnasium as gym
 
     fns = [lambda: gym.make(name)] * n
-    env = gym.vector.SyncVectorEnv(fns) if kind == "sync" else gym.vector.AsyncVectorEnv(fns)
-    env.reset(seed=0)
+    with _quiet_stdout():
+        env = gym.vector.SyncVectorEnv(fns) if kind == "sync" else gym.vector.AsyncVectorEnv(fns)
+        env.reset(seed=0)
     space = env.single_action_space
     acts = [rng.uniform(space.low, space.high, (n, space.shape[0])) for _ in range(8)]
     return _cycling(env.step, acts, n), env.close
@@ -252,11 +271,12 @@ def measure_gym_env(key: str, quick: bool, num_threads: int, rounds: int,
     name = GYM_ENVS[key]
     rng = np.random.default_rng(1)
     n = 256 if quick else 1024
-    pool = TaskVectorEnv(name, n, num_threads)
+    with _quiet_stdout():
+        pool = TaskVectorEnv(name, n, num_threads)
+        pool1 = TaskVectorEnv(name, n // 4, 1)
     pool.reset(seed=0)
     spec = pool.spec
     acts = _actions(rng, n, spec.action_low, spec.action_high)
-    pool1 = TaskVectorEnv(name, n // 4, 1)
     pool1.reset(seed=0)
     mean_length = _mean_episode_length(pool1, [a[: n // 4] for a in acts], 50 if quick else 300)
     sync_step, sync_close = _gym_vector(name, "sync", 64, rng)
