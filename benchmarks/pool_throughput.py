@@ -131,8 +131,17 @@ def measure(quick: bool) -> dict:
         rollout.rollout(model, data, full, roll_ctrl, state=roll_state, sensordata=roll_sensor)
         return nroll * NSTEP * calls
 
-    rates: dict[str, list[float]] = {"pool": [], "batch": [], "rollout": []}
-    runs = {"pool": run_pool, "batch": run_batch, "rollout": run_rollout}
+    # the same C loop on num_threads threads: what two busy cores really give, for reference
+    threaded = rollout.Rollout(nthread=num_threads)
+    datas = [mujoco.MjData(model) for _ in range(num_threads)]
+
+    def run_threaded_rollout() -> int:
+        threaded.rollout(model, datas, full, roll_ctrl, state=roll_state, sensordata=roll_sensor)
+        return nroll * NSTEP * calls
+
+    rates: dict[str, list[float]] = {"pool": [], "batch": [], "rollout": [], "rollout_mt": []}
+    runs = {"pool": run_pool, "batch": run_batch, "rollout": run_rollout,
+            "rollout_mt": run_threaded_rollout}
     run_pool(), run_batch(), run_rollout()  # warm caches and thread pools
     order = list(runs)
     for _ in range(rounds):
@@ -162,6 +171,7 @@ def measure(quick: bool) -> dict:
     batch_reset_5pct = best_ms(lambda: batch.reset(ids, keyframe=0, stage=0), 10)
     batch_rand_5pct = best_ms(batch_randomized_reset, 10)
     pool.close()
+    threaded.close()
 
     rss, rss_before = rss_of_randomized_pool(4096)
     single = max(rates["rollout"])
@@ -173,6 +183,7 @@ def measure(quick: bool) -> dict:
         "nstep_per_call": NSTEP,
         "rollout_1thread_substeps_per_s": single,
         "limit_substeps_per_s": num_threads * single,
+        "rollout_threaded_substeps_per_s": max(rates["rollout_mt"]),
         "batch_substeps_per_s": max(rates["batch"]),
         "pool_substeps_per_s": max(rates["pool"]),
         "pool_equals_batch_bitwise": identical,
@@ -187,6 +198,8 @@ def measure(quick: bool) -> dict:
         "rounds": rates,
         # per-round ratios: robust to a neighbour that slows one round down
         "median_round_pool_vs_batch": float(np.median(np.divide(rates["pool"], rates["batch"]))),
+        "median_round_pool_vs_limit": float(
+            np.median(np.divide(rates["pool"], rates["rollout"])) / num_threads),
     }
     return result
 
@@ -228,6 +241,7 @@ def print_table(r: dict) -> None:
     for label, key in [
         ("mujoco.rollout 1 thread (substeps/s)", "rollout_1thread_substeps_per_s"),
         ("limit = threads x rollout (substeps/s)", "limit_substeps_per_s"),
+        ("mujoco.rollout, all threads (substeps/s)", "rollout_threaded_substeps_per_s"),
         ("mujoco.batch.Batch (substeps/s)", "batch_substeps_per_s"),
         ("BatchEnvPool (substeps/s)", "pool_substeps_per_s"),
     ]:
