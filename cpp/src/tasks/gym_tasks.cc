@@ -62,6 +62,14 @@ class GymTask : public Task {
   }
 
  protected:
+  // Planar runners: memory[0] holds x before the step. The speed over the step, and the new x.
+  static void RememberX(const mjData* d, mjtNum* memory) { memory[0] = d->qpos[0]; }
+  mjtNum ForwardVelocity(const mjData* d, mjtNum* memory) const {
+    const mjtNum velocity = (d->qpos[0] - memory[0]) / dt_;
+    RememberX(d, memory);
+    return velocity;
+  }
+
   double noise_ = 0;
   double dt_ = 0;
   Noise qvel_noise_;
@@ -77,12 +85,11 @@ class HalfCheetah : public GymTask {
     spec_.memory_size = 1;  // x before the step
   }
   void Start(const mjModel*, const mjData* d, mjtNum* memory) const override {
-    memory[0] = d->qpos[0];
+    RememberX(d, memory);
   }
   void Evaluate(const mjModel* m, mjData* d, const mjtNum* action, mjtNum* memory,
                 Transition* out) const override {
-    const mjtNum velocity = (d->qpos[0] - memory[0]) / dt_;
-    memory[0] = d->qpos[0];
+    const mjtNum velocity = ForwardVelocity(d, memory);
     out->reward = forward_w_ * velocity - ctrl_w_ * SumSquares(action, m->nu);
   }
   void Observe(const mjModel* m, const mjData* d, const mjtNum*, mjtNum* obs,
@@ -168,12 +175,11 @@ class Planar : public GymTask {
     spec_.memory_size = 1;
   }
   void Start(const mjModel*, const mjData* d, mjtNum* memory) const override {
-    memory[0] = d->qpos[0];
+    RememberX(d, memory);
   }
   void Evaluate(const mjModel* m, mjData* d, const mjtNum* action, mjtNum* memory,
                 Transition* out) const override {
-    const mjtNum velocity = (d->qpos[0] - memory[0]) / dt_;
-    memory[0] = d->qpos[0];
+    const mjtNum velocity = ForwardVelocity(d, memory);
     const mjtNum z = d->qpos[1], angle = d->qpos[2];
     bool healthy = z_low_ < z && z < z_high_ && angle_low_ < angle && angle < angle_high_;
     if (check_state_) {
