@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import sys
@@ -209,17 +210,22 @@ def measure_g1(quick: bool, num_threads: int, rounds: int, seconds: float) -> di
 
 @contextlib.contextmanager
 def _quiet_stdout():
-    """gymnasium's ant.xml uses a compiler attribute MuJoCo 4 deprecates, and MuJoCo prints the
-    warning from C for every env made: keep the benchmark's table readable."""
+    """gymnasium's half_cheetah.xml uses a compiler attribute MuJoCo 4 deprecates, and MuJoCo
+    prints the warning (to stderr) for every env made: keep the benchmark's table readable."""
+    libc = ctypes.CDLL(None)
     sys.stdout.flush()
-    saved = os.dup(1)
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
     try:
         with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
+            for fd in saved:
+                os.dup2(null.fileno(), fd)
         yield
     finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+        libc.fflush(None)  # drain C's buffers while they still go to /dev/null
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def _reset_states(name: str, count: int) -> tuple[mujoco.MjModel, np.ndarray, int]:
