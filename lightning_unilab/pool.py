@@ -53,6 +53,9 @@ _STATE_FIELDS: dict[str, mujoco.mjtState] = {
     "plastic": mujoco.mjtState.mjSTATE_PLASTIC,
 }
 
+# state fields with one row per object: their row widths
+_ROW_FIELDS = {"mocap_pos": 3, "mocap_quat": 4, "xfrc_applied": 6}
+
 _STAGES = {
     "none": mujoco.mjtStage.mjSTAGE_NONE.value,
     "pos": mujoco.mjtStage.mjSTAGE_POS.value,
@@ -246,14 +249,10 @@ class BatchEnvPool:
         view = self._state[:, offset : offset + size]
         if name == "time":
             view = view[:, 0]
-        elif name in ("mocap_pos", "mocap_quat", "xfrc_applied"):
-            view = view.reshape(self.num_envs, -1, size // max(1, self._rows_of(name)))
+        elif name in _ROW_FIELDS:
+            view = view.reshape(self.num_envs, -1, _ROW_FIELDS[name])
         self._views[name] = view
         return view
-
-    def _rows_of(self, name: str) -> int:
-        return {"mocap_pos": self._model.nmocap, "mocap_quat": self._model.nmocap,
-                "xfrc_applied": self._model.nbody}[name]
 
     qpos = property(lambda self: self.field("qpos"), doc="Live (num_envs, nq) positions.")
     qvel = property(lambda self: self.field("qvel"), doc="Live (num_envs, nv) velocities.")

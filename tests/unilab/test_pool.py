@@ -92,7 +92,15 @@ def test_state_views_are_live_and_zero_copy(arm_model):
     assert pool.state.shape == (5, mujoco.mj_stateSize(arm_model, INTEGRATION))
 
 
-def test_written_ctrl_and_mocap_drive_the_next_step(arm_model):
+def test_views_of_absent_parts_are_empty():
+    pool = BatchEnvPool('<mujoco><worldbody><body><joint/><geom size=".1"/></body></worldbody>'
+                        "</mujoco>", 3, 1)
+    assert pool.mocap_pos.shape == (3, 0, 3)
+    assert pool.act.shape == (3, 0)
+    assert pool.ctrl.shape == (3, 0)
+
+
+def test_written_ctrl_drives_the_next_step(arm_model):
     pool = started(arm_model, 2)
     pool.ctrl[:] = 0.0
     pool.ctrl[1] = [1.0, -1.0]
