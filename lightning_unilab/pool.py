@@ -202,7 +202,10 @@ class BatchEnvPool:
 
     @property
     def model(self) -> mujoco.MjModel:
-        """The model every environment starts from (per-env fields are in ``model_field``)."""
+        """The model the pool was made from (per-env values are in ``model_field``).
+
+        The pool stepped a copy taken at construction: later edits of this MjModel do not reach
+        it (change per-env fields through ``reset(randomization=...)``)."""
         return self._model
 
     @property
