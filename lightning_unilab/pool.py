@@ -204,7 +204,7 @@ class BatchEnvPool:
     def model(self) -> mujoco.MjModel:
         """The model the pool was made from (per-env values are in ``model_field``).
 
-        The pool stepped a copy taken at construction: later edits of this MjModel do not reach
+        The pool steps a copy taken at construction: later edits of this MjModel do not reach
         it (change per-env fields through ``reset(randomization=...)``)."""
         return self._model
 
