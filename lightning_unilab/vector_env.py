@@ -300,7 +300,6 @@ class TaskVectorEnv:
         assert task is not None
         sel = ids.astype(np.int32)
         if rows is not None:
-            self.pool.reset(sel)
             self.pool.reset(sel, initial_state=rows)
         else:
             self.pool.reset(sel)
