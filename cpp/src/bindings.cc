@@ -131,4 +131,5 @@ PYBIND11_MODULE(_core, mod) {
       .def("error", &BatchEnvPool::Error, py::arg("env"));
 
   omnilab::BindTasks(mod);
+  omnilab::BindSharedAtomics(mod);
 }
