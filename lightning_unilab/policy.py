@@ -1,0 +1,130 @@
+"""Actor-critic networks and running observation normalization, shared by learner and collector.
+
+The collector runs a CPU copy of :class:`ActorCritic` on raw observations (normalization is part of
+the module, so publishing ``state_dict()`` also publishes the normalizer's statistics); the learner
+updates the statistics from the rollouts it reads and trains on the same module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.distributions import Normal
+
+__all__ = ["ActorCritic", "ObsNormalizer", "mlp"]
+
+_ACTIVATIONS = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
+
+
+def mlp(
+    in_size: int, hidden: Sequence[int], out_size: int, activation: str = "elu"
+) -> nn.Sequential:
+    """in -> hidden... -> out, with ``activation`` between layers and none after the last."""
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    sizes = [in_size, *hidden]
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+        layers += [nn.Linear(a, b), _ACTIVATIONS[activation]()]
+    layers.append(nn.Linear(sizes[-1], out_size))
+    return nn.Sequential(*layers)
+
+
+class ObsNormalizer(nn.Module):
+    """Running mean and variance (parallel Welford in float64), applied as a clipped z-score.
+
+    Statistics are buffers, so they travel with ``state_dict()`` into checkpoints and to the
+    collector.
+    """
+
+    def __init__(self, size: int, clip: float = 5.0, eps: float = 1e-8) -> None:
+        super().__init__()
+        self.clip = clip
+        self.eps = eps
+        self.register_buffer("mean", torch.zeros(size, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(size, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: Tensor) -> None:
+        """Fold a batch ``[..., size]`` into the statistics."""
+        x = x.reshape(-1, self.mean.numel()).to(torch.float64)
+        n = x.shape[0]
+        if n == 0:
+            return
+        batch_mean = x.mean(0)
+        batch_var = x.var(0, unbiased=False)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.mean += delta * (n / total)
+        m2 = self.var * self.count + batch_var * n + delta.square() * (self.count * n / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def forward(self, x: Tensor) -> Tensor:
+        mean = self.mean.to(x.dtype)
+        std = (self.var + self.eps).sqrt().to(x.dtype)
+        return ((x - mean) / std).clamp(-self.clip, self.clip)
+
+
+class ActorCritic(nn.Module):
+    """Gaussian MLP actor (state-independent log std) and MLP critic, each with its normalizer.
+
+    ``critic_size`` may differ from ``obs_size`` (privileged critic observations).
+    """
+
+    def __init__(
+        self,
+        obs_size: int,
+        critic_size: int,
+        action_size: int,
+        actor_hidden: Sequence[int] = (512, 256, 128),
+        critic_hidden: Sequence[int] = (512, 256, 128),
+        activation: str = "elu",
+        init_log_std: float = 0.0,
+        normalize_obs: bool = True,
+    ) -> None:
+        super().__init__()
+        for name, value in (("obs_size", obs_size), ("critic_size", critic_size),
+                            ("action_size", action_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        self.obs_size, self.critic_size, self.action_size = obs_size, critic_size, action_size
+        self.normalize_obs = normalize_obs
+        self.obs_normalizer = ObsNormalizer(obs_size)
+        self.critic_normalizer = ObsNormalizer(critic_size)
+        self.actor = mlp(obs_size, actor_hidden, action_size, activation)
+        self.critic = mlp(critic_size, critic_hidden, 1, activation)
+        self.log_std = nn.Parameter(torch.full((action_size,), float(init_log_std)))
+
+    def _actor_input(self, obs: Tensor) -> Tensor:
+        return self.obs_normalizer(obs) if self.normalize_obs else obs
+
+    def _critic_input(self, critic_obs: Tensor) -> Tensor:
+        return self.critic_normalizer(critic_obs) if self.normalize_obs else critic_obs
+
+    def distribution(self, obs: Tensor) -> Normal:
+        """Action distribution for raw observations ``[..., obs_size]``."""
+        mean = self.actor(self._actor_input(obs))
+        return Normal(mean, self.log_std.expand_as(mean).exp())
+
+    def value(self, critic_obs: Tensor) -> Tensor:
+        """State values ``[...]`` for raw critic observations ``[..., critic_size]``."""
+        return self.critic(self._critic_input(critic_obs)).squeeze(-1)
+
+    @torch.no_grad()
+    def act(
+        self, obs: Tensor, deterministic: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(action, log-prob, mean, log std) for raw observations; sampled unless deterministic."""
+        dist = self.distribution(obs)
+        action = dist.mean if deterministic else dist.sample()
+        return action, dist.log_prob(action).sum(-1), dist.mean, dist.stddev.log()
+
+    @torch.no_grad()
+    def update_normalizers(self, obs: Tensor, critic_obs: Tensor) -> None:
+        if self.normalize_obs:
+            self.obs_normalizer.update(obs)
+            self.critic_normalizer.update(critic_obs)
