@@ -1,11 +1,26 @@
 """Schedule IR: per rank, the ordered actions of one training step.
 
-A schedule is plain data. The simulator executes it and the runtime will execute it, so one
-list is both the prediction and the plan. Sends are buffered (isend-like) and receives block;
-a schedule is valid when every receive has exactly one matching send, messages of one payload
-between two ranks are posted in the same order on both sides (a runtime gives each payload its
-own channel: a communicator or a tag, so FIFO matching holds per channel), and program order
-plus send->receive edges form an acyclic graph (``check_schedule`` verifies all three).
+A schedule is plain data. The simulator executes it and the runtime (``lightning_omni.runtime``)
+executes it, so one list is both the prediction and the plan. A SEND posts a non-blocking send
+(isend); a RECV blocks until its message is there; a WAIT is the completion point of one of the
+rank's earlier sends: it blocks until the receiver has taken the message, and only then is the
+send buffer free (``with_completion_points`` places them). A schedule is valid when every receive
+has exactly one matching send, messages of one payload between two ranks are posted in the same
+order on both sides (a runtime gives each payload its own channel: a tag, so FIFO matching holds
+per channel), and it runs to completion (``check_schedule`` verifies all three).
+
+What the runtime needs beyond the order of actions, and where it is:
+
+- which samples' encoder work a rank does: ``Action.samples`` on ENC_FWD / ENC_BWD and on the
+  FEATURES / FEATURE_GRAD messages (indices into the microbatch, ascending);
+- receive shapes: every rank of a replica holds that replica's microbatches, so a message's shape
+  is a function of the plan and the batch: ACTIVATION and GRADIENT carry the packed microbatch
+  ``[samples, tokens, hidden]``; FEATURES and FEATURE_GRAD carry, per modality in order, the
+  feature rows of ``samples`` (those that have the modality), sample by sample. Stage 0 scatters
+  them into its packed sequence at the modality's placeholder tokens, in sample order;
+- collectives name their ranks: ``Action.group``; ALLTOALL's ``counts`` lists what this rank
+  sends to each group member;
+- plans for all data-parallel replicas: ``for_replicas`` joins one schedule per replica.
 """
 
 from __future__ import annotations
@@ -31,6 +46,7 @@ class Kind(str, Enum):  # noqa: UP042 - requires-python allows 3.10 (no StrEnum)
     RECV = "recv"
     ALLREDUCE = "allreduce"
     ALLTOALL = "alltoall"
+    WAIT = "wait"  # completion of this rank's earlier SEND with the same message key
 
 
 COMPUTE_KINDS = frozenset({Kind.LLM_FWD, Kind.LLM_BWD, Kind.ENC_FWD, Kind.ENC_BWD})
@@ -47,13 +63,17 @@ class Payload(str, Enum):  # noqa: UP042
     GRADIENT = "grad"           # stage s+1 -> s, backward
     FEATURES = "feat"           # encoder rank -> stage 0
     FEATURE_GRAD = "feat_grad"  # stage 0 -> encoder rank
-    WEIGHT_GRADS = "weight_grads"
+    WEIGHT_GRADS = "weight_grads"  # LLM stage gradients (all of a rank's, when unsplit)
+    ENCODER_GRADS = "encoder_grads"  # encoder replicas' gradients, summed over ``group``
     SAMPLES = "samples"         # grouped reordering's sample exchange
 
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    """One step of one rank. ``share`` is the fraction of a microbatch's encoder work."""
+    """One step of one rank. ``share`` is the fraction of a microbatch's encoder work (for
+    pricing); ``samples`` says which of the microbatch's samples that work covers (empty: not
+    specified, as in shape-only plans). ``group`` lists the global ranks of a collective (empty:
+    unspecified), ``counts`` what an ALLTOALL sends to each of them."""
 
     kind: Kind
     microbatch: int = -1
@@ -61,9 +81,12 @@ class Action:
     peer: int = -1
     payload: Payload | None = None
     share: float = 1.0
+    samples: tuple[int, ...] = ()
+    group: tuple[int, ...] = ()
+    counts: tuple[int, ...] = ()
 
     def __str__(self) -> str:
-        if self.kind in (Kind.SEND, Kind.RECV):
+        if self.kind in (Kind.SEND, Kind.RECV, Kind.WAIT):
             return f"{self.kind}({self.payload},mb={self.microbatch},peer={self.peer})"
         if self.kind in (Kind.ENC_FWD, Kind.ENC_BWD):
             return f"{self.kind}(mb={self.microbatch},share={self.share:.3g})"
@@ -71,12 +94,12 @@ class Action:
 
 
 def message_key(rank: int, action: Action) -> tuple[str, int, int, int]:
-    """(payload, microbatch, src, dst): what pairs a send with its receive."""
-    if action.kind == Kind.SEND:
+    """(payload, microbatch, src, dst): what pairs a send with its receive (and its WAIT)."""
+    if action.kind in (Kind.SEND, Kind.WAIT):
         return (str(action.payload), action.microbatch, rank, action.peer)
     if action.kind == Kind.RECV:
         return (str(action.payload), action.microbatch, action.peer, rank)
-    raise ValueError(f"action: expected a SEND or RECV, got {action}")
+    raise ValueError(f"action: expected a SEND, RECV or WAIT, got {action}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +114,7 @@ class Schedule:
     actions: tuple[tuple[Action, ...], ...]
     llm_in_flight_bound: tuple[int, ...]
     encoder_in_flight_bound: tuple[int, ...]
+    num_replicas: int = 1  # data-parallel replicas in ``actions`` (see ``for_replicas``)
 
     @property
     def num_ranks(self) -> int:
@@ -98,7 +122,13 @@ class Schedule:
 
     def stage_of(self, rank: int) -> int:
         """LLM stage hosted by ``rank``, or -1 for an encoder-only rank."""
-        return self.stage_ranks.index(rank) if rank in self.stage_ranks else -1
+        if rank not in self.stage_ranks:
+            return -1
+        return self.stage_ranks.index(rank) % self.num_stages
+
+    def replica_of(self, rank: int) -> int:
+        """Data-parallel replica ``rank`` belongs to (ranks are numbered replica by replica)."""
+        return rank // (self.num_ranks // self.num_replicas)
 
 
 def _check_sizes(num_stages: int, num_microbatches: int) -> None:
@@ -161,23 +191,31 @@ def one_f_one_b(num_stages: int, num_microbatches: int, grad_sync: bool = False)
                     (0,) * num_stages)
 
 
-def encoder_first_stage(num_stages: int, num_microbatches: int,
-                        grad_sync: bool = False) -> Schedule:
-    """Megatron-like: stage 0 runs every microbatch's whole encoder forward and backward."""
+def encoder_first_stage(num_stages: int, num_microbatches: int, grad_sync: bool = False,
+                        samples: Sequence[Sequence[int]] | None = None) -> Schedule:
+    """Megatron-like: stage 0 runs every microbatch's whole encoder forward and backward.
+
+    ``samples[m]``: the samples of microbatch m with encoder input (a microbatch without any
+    gets no encoder actions); None: every microbatch has encoder work, samples unspecified."""
     _check_sizes(num_stages, num_microbatches)
+    if samples is not None:
+        _require(len(samples) == num_microbatches, "samples",
+                 f"{num_microbatches} rows (one per microbatch)", len(samples))
     ranks = tuple(range(num_stages))
     programs: list[list[Action]] = []
     for s in range(num_stages):
         prog: list[Action] = []
         for op, m in one_f_one_b_order(num_stages, num_microbatches, s):
+            work = samples is None or len(samples[m]) > 0
+            mine = tuple(samples[m]) if samples is not None else ()
             if op == "F":
-                if s == 0:
-                    prog.append(Action(Kind.ENC_FWD, m, 0, share=1.0))
+                if s == 0 and work:
+                    prog.append(Action(Kind.ENC_FWD, m, 0, share=1.0, samples=mine))
                 prog += _llm_forward(s, num_stages, m, ranks)
             else:
                 prog += _llm_backward(s, num_stages, m, ranks)
-                if s == 0:
-                    prog.append(Action(Kind.ENC_BWD, m, 0, share=1.0))
+                if s == 0 and work:
+                    prog.append(Action(Kind.ENC_BWD, m, 0, share=1.0, samples=mine))
         programs.append(prog)
     _grad_sync(programs, grad_sync)
     bound = tuple(min(num_stages - s, num_microbatches) for s in range(num_stages))
@@ -241,13 +279,47 @@ def default_shares(num_stages: int, num_microbatches: int) -> list[list[float]]:
     return [[1.0 / p] * p if m < n - p else list(tail) for m in range(n)]
 
 
+def assign_encoder_samples(sample_costs: Sequence[Sequence[float]], num_stages: int,
+                           ) -> tuple[list[list[tuple[int, ...]]], list[list[float]]]:
+    """Which samples' encoder work each rank of a pipeline does, and the resulting shares.
+
+    ``sample_costs[m][i]`` is sample i of microbatch m's encoder cost (0: no encoder input).
+    Longest-processing-time first over the ranks; the last ``num_stages`` microbatches skip
+    stage 0 (see ``default_shares``). Returns ``(samples, shares)`` for ``uniform_insertion``;
+    a microbatch without encoder work gets empty sample tuples and zero shares.
+    """
+    _require(isinstance(num_stages, int) and num_stages >= 1, "num_stages", "an int >= 1",
+             num_stages)
+    p, n = num_stages, len(sample_costs)
+    samples: list[list[tuple[int, ...]]] = []
+    shares: list[list[float]] = []
+    for m, costs in enumerate(sample_costs):
+        _require(all(c >= 0 for c in costs), f"sample_costs[{m}]", "non-negative costs",
+                 list(costs))
+        ranks = list(range(1, p)) if p > 1 and m >= n - p else list(range(p))
+        load = dict.fromkeys(ranks, 0.0)
+        picked: dict[int, list[int]] = {r: [] for r in ranks}
+        for i in sorted((i for i, c in enumerate(costs) if c > 0), key=lambda i: (-costs[i], i)):
+            r = min(ranks, key=lambda r: (load[r], r))
+            load[r] += costs[i]
+            picked[r].append(i)
+        total = sum(load.values())
+        samples.append([tuple(sorted(picked.get(r, []))) for r in range(p)])
+        shares.append([load.get(r, 0.0) / total if total else 0.0 for r in range(p)])
+    return samples, shares
+
+
 def uniform_insertion(num_stages: int, num_microbatches: int,
                       shares: Sequence[Sequence[float]] | None = None,
-                      grad_sync: bool = False, sample_exchange: bool = False) -> Schedule:
+                      grad_sync: bool = False, sample_exchange: bool = False,
+                      samples: Sequence[Sequence[Sequence[int]]] | None = None) -> Schedule:
     """Omni: each microbatch's encoder work is spread over the pipeline's ranks.
 
     ``shares[m][r]`` is rank r's fraction of microbatch m's encoder work (default:
-    ``default_shares``; a zero share means no action and no message). Rank r computes
+    ``default_shares``; a zero share means no action and no message). ``samples[m][r]`` names
+    the samples behind that share (``assign_encoder_samples`` makes both); with ``samples`` a
+    rank acts only where it has samples, so a microbatch without encoder input has no encoder
+    actions and no feature messages. Rank r computes
     encoder forward of m before its LLM forward of m-P (so features reach stage 0 before its
     F(m)) and encoder backward of m before its LLM forward of m+P (after stage 0's B(m)
     returned the feature gradients). The last P microbatches' encoder backwards run in the
@@ -256,30 +328,46 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
     """
     _check_sizes(num_stages, num_microbatches)
     p, n = num_stages, num_microbatches
+    if samples is not None:
+        _require(len(samples) == n, "samples", f"{n} rows (one per microbatch)", len(samples))
+        for m, row in enumerate(samples):
+            _require(len(row) == p, f"samples[{m}]", f"{p} entries (one per stage)", len(row))
+        if shares is None:
+            counts = [[len(x) for x in row] for row in samples]
+            shares = [[c / sum(row) if sum(row) else 0.0 for c in row] for row in counts]
     if shares is None:
         shares = default_shares(p, n)
     _require(len(shares) == n, "shares", f"{n} rows (one per microbatch)", len(shares))
     for m, row in enumerate(shares):
         _require(len(row) == p, f"shares[{m}]", f"{p} entries (one per stage)", len(row))
-        _require(all(x >= 0 for x in row) and abs(sum(row) - 1.0) < 1e-6, f"shares[{m}]",
-                 "non-negative entries summing to 1", list(row))
+        empty = samples is not None and not any(samples[m])
+        _require(all(x >= 0 for x in row) and (empty or abs(sum(row) - 1.0) < 1e-6),
+                 f"shares[{m}]", "non-negative entries summing to 1", list(row))
+
+    def works(r: int, m: int) -> bool:
+        return bool(samples[m][r]) if samples is not None else shares[m][r] > 0
+
+    def mine(r: int, m: int) -> tuple[int, ...]:
+        return tuple(samples[m][r]) if samples is not None else ()
+
     ranks = tuple(range(p))
 
     def enc_fwd(r: int, m: int) -> list[Action]:
-        if shares[m][r] <= 0:
+        if not works(r, m):
             return []
-        out = [Action(Kind.ENC_FWD, m, r, share=shares[m][r])]
+        out = [Action(Kind.ENC_FWD, m, r, share=shares[m][r], samples=mine(r, m))]
         if r != 0:
-            out.append(Action(Kind.SEND, m, r, 0, Payload.FEATURES, shares[m][r]))
+            out.append(Action(Kind.SEND, m, r, 0, Payload.FEATURES, shares[m][r], mine(r, m)))
         return out
 
     def enc_bwd(r: int, m: int) -> list[Action]:
-        if shares[m][r] <= 0:
+        if not works(r, m):
             return []
         out = []
         if r != 0:
-            out.append(Action(Kind.RECV, m, r, 0, Payload.FEATURE_GRAD, shares[m][r]))
-        return out + [Action(Kind.ENC_BWD, m, r, share=shares[m][r])]
+            out.append(Action(Kind.RECV, m, r, 0, Payload.FEATURE_GRAD, shares[m][r],
+                              mine(r, m)))
+        return out + [Action(Kind.ENC_BWD, m, r, share=shares[m][r], samples=mine(r, m))]
 
     programs: list[list[Action]] = []
     for r in range(p):
@@ -302,17 +390,17 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
                     prog += enc_fwd(r, m + p)
                 if r == 0:
                     for src in range(1, p):
-                        if shares[m][src] > 0:
+                        if works(src, m):
                             prog.append(Action(Kind.RECV, m, 0, src, Payload.FEATURES,
-                                               shares[m][src]))
+                                               shares[m][src], mine(src, m)))
                 prog += _llm_forward(r, p, m, ranks)
             else:
                 prog += _llm_backward(r, p, m, ranks)
                 if r == 0:
                     for dst in range(1, p):
-                        if shares[m][dst] > 0:
+                        if works(dst, m):
                             prog.append(Action(Kind.SEND, m, 0, dst, Payload.FEATURE_GRAD,
-                                               shares[m][dst]))
+                                               shares[m][dst], mine(dst, m)))
                 for pending in after_backward.pop(m, []):
                     prog += enc_bwd(r, pending)
         programs.append(prog)
@@ -338,27 +426,54 @@ class ScheduleError(ValueError):
     """A schedule that cannot run: unmatched messages, crossed order or a deadlock."""
 
 
+def _collective_key(a: Action) -> tuple:
+    return (str(a.kind), str(a.payload), a.group)
+
+
 def check_schedule(schedule: Schedule) -> None:
     """Raise ScheduleError unless messages match one-to-one, in the same order per channel
-    (source, destination, payload), and the schedule runs to completion with blocking
-    receives and buffered sends."""
+    (source, destination, payload), each WAIT follows its SEND, and the schedule runs to
+    completion: receives block, a WAIT blocks until the receiver has taken its message, a
+    collective with a ``group`` blocks until every member reaches its matching collective."""
     sends: dict[tuple[int, int, str], list[int]] = {}
     recvs: dict[tuple[int, int, str], list[int]] = {}
     for rank, prog in enumerate(schedule.actions):
+        sent: set[tuple[str, int, int, int]] = set()
         for a in prog:
-            if a.kind in (Kind.SEND, Kind.RECV):
+            if a.kind in (Kind.SEND, Kind.RECV, Kind.WAIT):
                 _require(0 <= a.peer < schedule.num_ranks and a.peer != rank, "peer",
                          f"another rank in [0, {schedule.num_ranks})", (rank, str(a)))
+            if a.kind == Kind.WAIT:
+                if message_key(rank, a) not in sent:
+                    raise ScheduleError(f"rank {rank}: {a} waits for a send it has not posted")
+                sent.discard(message_key(rank, a))
+            elif a.kind in (Kind.SEND, Kind.RECV):
                 payload, mb, src, dst = message_key(rank, a)
+                if a.kind == Kind.SEND:
+                    sent.add(message_key(rank, a))
                 table = sends if a.kind == Kind.SEND else recvs
                 table.setdefault((src, dst, payload), []).append(mb)
+            elif a.kind in COLLECTIVE_KINDS and a.group:
+                _require(rank in a.group, "group", f"a group containing rank {rank}",
+                         (rank, a.group))
     for pair in set(sends) | set(recvs):
         s, r = sends.get(pair, []), recvs.get(pair, [])
         if s != r:
             raise ScheduleError(f"{pair[2]} messages {pair[0]}->{pair[1]}: sends for microbatches "
                                 f"{s[:8]} and receives for {r[:8]} differ in content or order")
-    # Execute in dependency order: progress proves the absence of a deadlock.
+    stuck = _execute_order(schedule)
+    if stuck:
+        where = [(r, str(schedule.actions[r][pc])) for r, pc in stuck]
+        raise ScheduleError(f"deadlock: ranks blocked at {where}")
+
+
+def _execute_order(schedule: Schedule) -> list[tuple[int, int]]:
+    """Run the programs in dependency order; return (rank, index) where ranks stay blocked."""
     posted: set[tuple[str, int, int, int]] = set()
+    taken: set[tuple[str, int, int, int]] = set()
+    # collective rendezvous: (kind, payload, group, ordinal) -> ranks arrived
+    seen: dict[tuple[int, tuple], int] = {}
+    arrived: dict[tuple, set[int]] = {}
     pcs = [0] * schedule.num_ranks
     progressed = True
     while progressed:
@@ -366,16 +481,128 @@ def check_schedule(schedule: Schedule) -> None:
         for rank, prog in enumerate(schedule.actions):
             while pcs[rank] < len(prog):
                 a = prog[pcs[rank]]
-                if a.kind == Kind.RECV and message_key(rank, a) not in posted:
+                if a.kind == Kind.RECV:
+                    if message_key(rank, a) not in posted:
+                        break
+                    taken.add(message_key(rank, a))
+                elif a.kind == Kind.WAIT and message_key(rank, a) not in taken:
                     break
-                if a.kind == Kind.SEND:
+                elif a.kind == Kind.SEND:
                     posted.add(message_key(rank, a))
+                elif a.kind in COLLECTIVE_KINDS and a.group:
+                    ck = _collective_key(a)
+                    key = ck + (seen.get((rank, ck), 0),)
+                    arrived.setdefault(key, set()).add(rank)
+                    if not set(a.group) <= arrived[key]:
+                        break
+                    seen[rank, ck] = key[-1] + 1
                 pcs[rank] += 1
                 progressed = True
-    stuck = [(r, str(schedule.actions[r][pc])) for r, pc in enumerate(pcs)
-             if pc < len(schedule.actions[r])]
-    if stuck:
-        raise ScheduleError(f"deadlock: ranks blocked at {stuck}")
+    return [(r, pc) for r, pc in enumerate(pcs) if pc < len(schedule.actions[r])]
+
+
+def with_completion_points(schedule: Schedule, lag: int = 1) -> Schedule:
+    """Give every SEND a WAIT: after the sender's next ``lag`` compute actions, or later where
+    that would deadlock (a WAIT blocks until the receiver takes the message), at the latest at
+    the end of the program. Sends that already have a WAIT keep it."""
+    _require(isinstance(lag, int) and lag >= 0, "lag", "an int >= 0", lag)
+    programs = [list(p) for p in schedule.actions]
+    # per rank: index of the action each send's wait goes *before* (len(prog): at the end)
+    places: list[dict[tuple, int]] = []
+    for rank, prog in enumerate(programs):
+        waited = {message_key(rank, a) for a in prog if a.kind == Kind.WAIT}
+        where: dict[tuple, int] = {}
+        for i, a in enumerate(prog):
+            if a.kind != Kind.SEND or message_key(rank, a) in waited:
+                continue
+            seen, j = 0, i + 1
+            while j < len(prog) and seen < lag:
+                seen += prog[j].kind in COMPUTE_KINDS
+                j += 1
+            where[message_key(rank, a)] = j
+        places.append(where)
+
+    def build() -> Schedule:
+        out = []
+        for rank, prog in enumerate(programs):
+            at: dict[int, list[Action]] = {}
+            for a in prog:
+                if a.kind == Kind.SEND and message_key(rank, a) in places[rank]:
+                    at.setdefault(places[rank][message_key(rank, a)], []).append(
+                        Action(Kind.WAIT, a.microbatch, a.stage, a.peer, a.payload))
+            new: list[Action] = []
+            for i in range(len(prog) + 1):
+                new += at.get(i, [])
+                if i < len(prog):
+                    new.append(prog[i])
+            out.append(tuple(new))
+        return _replace_actions(schedule, tuple(out))
+
+    while True:
+        candidate = build()
+        stuck = _execute_order(candidate)
+        moved = False
+        for rank, pc in stuck:
+            a = candidate.actions[rank][pc]
+            if a.kind == Kind.WAIT and places[rank][message_key(rank, a)] < len(programs[rank]):
+                places[rank][message_key(rank, a)] = len(programs[rank])
+                moved = True
+        if not stuck or not moved:
+            return candidate
+
+
+def _replace_actions(schedule: Schedule, actions: tuple[tuple[Action, ...], ...]) -> Schedule:
+    return Schedule(schedule.name, schedule.num_stages, schedule.num_microbatches,
+                    schedule.stage_ranks, schedule.encoder_ranks, actions,
+                    schedule.llm_in_flight_bound, schedule.encoder_in_flight_bound,
+                    schedule.num_replicas)
+
+
+def for_replicas(replicas: Sequence[Schedule]) -> Schedule:
+    """One schedule for all data-parallel replicas: replica d's ranks become
+    ``d * R + r`` (R ranks per replica) and the gradient all-reduces name their groups: LLM
+    stage gradients over the ranks hosting that stage, encoder gradients over every rank that
+    holds an encoder replica. The replicas' own ALLREDUCE actions are replaced; an ALLTOALL
+    (sample exchange) gets the group of same-position ranks. Replicas may differ in their
+    encoder placement (each is built from its own data) but not in shape."""
+    _require(len(replicas) >= 1, "replicas", "at least one schedule", len(replicas))
+    first = replicas[0]
+    for d, rep in enumerate(replicas):
+        _require(rep.num_replicas == 1, f"replicas[{d}].num_replicas", "1", rep.num_replicas)
+        same = (rep.num_stages, rep.num_ranks, rep.stage_ranks, rep.encoder_ranks)
+        _require(same == (first.num_stages, first.num_ranks, first.stage_ranks,
+                          first.encoder_ranks), f"replicas[{d}]",
+                 "the shape (stages, ranks, encoder ranks) of replicas[0]", rep.name)
+    n_rep, per = len(replicas), first.num_ranks
+    enc_group = tuple(d * per + r for d in range(n_rep) for r in first.encoder_ranks)
+    programs: list[tuple[Action, ...]] = []
+    for d, rep in enumerate(replicas):
+        for r, prog in enumerate(rep.actions):
+            new: list[Action] = []
+            for a in prog:
+                if a.kind == Kind.ALLREDUCE:
+                    continue
+                if a.kind == Kind.ALLTOALL:
+                    new.append(Action(a.kind, a.microbatch, a.stage, a.peer, a.payload,
+                                      a.share, a.samples,
+                                      tuple(e * per + r for e in range(n_rep)), a.counts))
+                elif a.kind in (Kind.SEND, Kind.RECV, Kind.WAIT):
+                    new.append(Action(a.kind, a.microbatch, a.stage, d * per + a.peer,
+                                      a.payload, a.share, a.samples))
+                else:
+                    new.append(a)
+            if r in first.stage_ranks:
+                new.append(Action(Kind.ALLREDUCE, payload=Payload.WEIGHT_GRADS,
+                                  stage=first.stage_ranks.index(r),
+                                  group=tuple(e * per + r for e in range(n_rep))))
+            if r in first.encoder_ranks:
+                new.append(Action(Kind.ALLREDUCE, payload=Payload.ENCODER_GRADS,
+                                  group=enc_group))
+            programs.append(tuple(new))
+    stage_ranks = tuple(d * per + r for d in range(n_rep) for r in first.stage_ranks)
+    return Schedule(first.name, first.num_stages, first.num_microbatches, stage_ranks,
+                    enc_group, tuple(programs), first.llm_in_flight_bound * n_rep,
+                    first.encoder_in_flight_bound * n_rep, n_rep)
 
 
 def max_in_flight(schedule: Schedule) -> tuple[list[int], list[int]]:
