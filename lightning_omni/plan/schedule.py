@@ -66,6 +66,7 @@ class Payload(str, Enum):  # noqa: UP042
     WEIGHT_GRADS = "weight_grads"  # LLM stage gradients (all of a rank's, when unsplit)
     ENCODER_GRADS = "encoder_grads"  # encoder replicas' gradients, summed over ``group``
     SAMPLES = "samples"         # grouped reordering's sample exchange
+    SP_ATTENTION = "sp_attn"    # Ulysses all-to-alls of one LSSP sample in its SP group
 
 
 @dataclass(frozen=True, slots=True)
