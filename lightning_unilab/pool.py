@@ -18,6 +18,7 @@ flagged in ``status``; the others finish.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 from collections.abc import Mapping, Sequence
@@ -93,6 +94,13 @@ def describe_status(bits: int) -> list[str]:
     if bits & STATUS_ERROR:
         names.append("error")
     return names
+
+
+def _check_count(name: str, value: Any) -> None:
+    # bool is an int in Python; the C++ side takes a 32-bit int
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not (
+            1 <= value < 2**31):
+        raise ValueError(f"{name}: expected a positive integer below 2**31, got {value!r}")
 
 
 def _close(name: str, names: Any) -> str:
@@ -176,18 +184,30 @@ class BatchEnvPool:
         outputs: Mapping[str, Sequence[str | int] | None] | None = None,
         stage: str | int | None = None,
     ) -> None:
+        self._core: _core.BatchEnvPool | None = None
         self._model = load_model(model)
-        if not isinstance(num_envs, int | np.integer) or num_envs < 1:
-            raise ValueError(f"num_envs: expected a positive integer, got {num_envs!r}")
+        # the pool's own copy: model_field reads unrandomized values from it, not from the
+        # caller's MjModel, which the caller may edit later
+        self._own = copy.copy(self._model)
+        _check_count("num_envs", num_envs)
         if num_threads is None:
             num_threads = len(os.sched_getaffinity(0))
-        if not isinstance(num_threads, int | np.integer) or num_threads < 1:
-            raise ValueError(f"num_threads: expected a positive integer, got {num_threads!r}")
+        _check_count("num_threads", num_threads)
+        if outputs is not None and not isinstance(outputs, Mapping):
+            raise TypeError(f"outputs: expected a mapping {{field: names or None}}, e.g. "
+                            f"{{'xpos': ['torso']}}, got {type(outputs).__name__}")
+        sleep = mujoco.mjtEnableBit.mjENBL_SLEEP
+        if self._model.opt.enableflags & sleep:
+            raise ValueError("model: sleeping bodies (<flag sleep=\"enable\"/>) are not "
+                             "supported: their bookkeeping is not part of the state rows; "
+                             "disable the flag")
         specs = [(name, self._output_rows(name, objects)) for name, objects in
                  (outputs or {}).items()]
-        self._core: _core.BatchEnvPool | None = _core.BatchEnvPool(
-            self._model._address, int(num_envs), int(num_threads), specs
-        )
+        try:
+            self._core = _core.BatchEnvPool(self._own._address, int(num_envs), int(num_threads),
+                                            specs)
+        except RuntimeError as err:
+            raise ValueError(f"model: MuJoCo cannot batch this model: {err}") from None
         self._stage = _stage(stage if stage is not None else ("acc" if specs else "none"))
         self._state = self._core.state()
         self._status = self._core.status()
@@ -316,6 +336,9 @@ class BatchEnvPool:
         n = self.num_envs if sel is None else len(sel)
         if initial_state is not None and keyframe is not None:
             raise ValueError("initial_state and keyframe: give one or neither, not both")
+        if randomization is not None and not isinstance(randomization, Mapping):
+            raise TypeError(f"randomization: expected a mapping {{field: values}}, e.g. "
+                            f"{{'body_mass': masses}}, got {type(randomization).__name__}")
         keys = None if keyframe is None else self._keys(keyframe, n)
         rows = None
         if initial_state is not None:
@@ -326,9 +349,14 @@ class BatchEnvPool:
         self.core.reset(sel, keys, rows, stage)
 
     def model_field(self, name: str) -> np.ndarray:
-        """Read-only (num_envs, ...) per-env values of a model field (randomized or not)."""
+        """Read-only (num_envs, ...) per-env values of a model field (randomized or not).
+
+        Values are the simulated ones: randomized fields and the constants mj_setConst derived
+        from them per env, else the pool's copy of the model taken at construction. bvh_aabb
+        holds the bodies' bounding volumes only (the rows before the meshes') once a
+        randomization changed them, as mujoco.batch.Batch.expanded."""
         name = _ALIASES.get(name, name)
-        template = self._template(name)
+        template = self._template(name, "name")
         raw = self.core.expand(name, False)
         if raw is None:
             out = np.broadcast_to(template, (self.num_envs, *template.shape))
@@ -348,7 +376,8 @@ class BatchEnvPool:
         return np.flatnonzero(self._status)
 
     def close(self) -> None:
-        """Release the pool; views already handed out keep their memory until dropped."""
+        """Release the pool; views already handed out keep their memory until dropped. Later
+        calls raise RuntimeError; closing twice is harmless."""
         self._core = None
 
     def __enter__(self) -> BatchEnvPool:
@@ -361,7 +390,7 @@ class BatchEnvPool:
         if self._core is None:
             return "BatchEnvPool(closed)"
         return (f"BatchEnvPool(num_envs={self.num_envs}, num_threads={self.num_threads}, "
-                f"nq={self._model.nq}, nu={self._model.nu}, outputs={list(self._outputs)})")
+                f"nq={self._own.nq}, nu={self._own.nu}, outputs={list(self._outputs)})")
 
     # ------------------------------------------------------------------ internals
 
@@ -401,11 +430,11 @@ class BatchEnvPool:
         return np.ascontiguousarray(arr, dtype=np.int32)
 
     def _keys(self, keyframe: Any, n: int) -> np.ndarray:
-        nkey = self._model.nkey
+        nkey = self._own.nkey
         if isinstance(keyframe, str):
-            k = mujoco.mj_name2id(self._model, mujoco.mjtObj.mjOBJ_KEY, keyframe)
+            k = mujoco.mj_name2id(self._own, mujoco.mjtObj.mjOBJ_KEY, keyframe)
             if k < 0:
-                names = [self._model.key(i).name for i in range(nkey)]
+                names = [self._own.key(i).name for i in range(nkey)]
                 raise ValueError(f"keyframe: the model has no keyframe {keyframe!r}; it has "
                                  f"{names}" + _close(keyframe, names))
             keyframe = k
@@ -431,7 +460,7 @@ class BatchEnvPool:
             return []
         if isinstance(objects, str | int):
             objects = [objects]
-        m = self._model
+        m = self._own
         if name == "sensordata":
             return self._ranges(objects, mujoco.mjtObj.mjOBJ_SENSOR, m.nsensor,
                                 m.sensor_adr, m.sensor_dim, name)
@@ -447,10 +476,10 @@ class BatchEnvPool:
         kind = objtype.name[len("mjOBJ_"):].lower()
         if isinstance(obj, int | np.integer):
             return int(obj)
-        i = mujoco.mj_name2id(self._model, objtype, obj)
+        i = mujoco.mj_name2id(self._own, objtype, obj)
         if i < 0:
-            count = getattr(self._model, {"camera": "ncam", "joint": "njnt"}.get(kind, "n" + kind))
-            known = [mujoco.mj_id2name(self._model, objtype, j) or "" for j in range(count)]
+            count = getattr(self._own, {"camera": "ncam", "joint": "njnt"}.get(kind, "n" + kind))
+            known = [mujoco.mj_id2name(self._own, objtype, j) or "" for j in range(count)]
             raise ValueError(f"outputs[{field!r}]: the model has no {kind} named {obj!r}"
                              + _close(obj, known))
         return i
@@ -465,16 +494,16 @@ class BatchEnvPool:
             rows.extend(range(int(adr[i]), int(adr[i]) + int(dim[i])))
         return rows
 
-    def _template(self, name: str) -> np.ndarray:
+    def _template(self, name: str, argument: str = "randomization") -> np.ndarray:
         if name in _GAINS:
-            return np.zeros(self._model.nu)
+            return np.zeros(self._own.nu)
         if name not in mjbatch.MODEL_FIELDS:
             known = sorted(mjbatch.MODEL_FIELDS | set(_GAINS) | set(_ALIASES))
-            raise ValueError(f"randomization: {name!r} is not a per-env model field"
+            raise ValueError(f"{argument}: {name!r} is not a per-env model field"
                              + _close(name, known))
         if name.startswith("opt."):
-            return np.asarray(getattr(self._model.opt, name[4:]))
-        return getattr(self._model, name)
+            return np.asarray(getattr(self._own.opt, name[4:]))
+        return getattr(self._own, name)
 
     def _typed(self, raw: np.ndarray, template: np.ndarray) -> np.ndarray:
         dtype = template.dtype
@@ -482,7 +511,12 @@ class BatchEnvPool:
             dtype = np.dtype(np.float64)
         elif dtype.kind in "iu" and template.ndim == 0:
             dtype = np.dtype(np.int32)
-        return raw.view(dtype).reshape(self.num_envs, *template.shape)
+        values = raw.view(dtype).reshape(self.num_envs, -1)
+        if values.shape[1] == template.size:
+            return values.reshape(self.num_envs, *template.shape)
+        # bvh_aabb: per env only the bodies' hierarchies, a prefix of the model's rows
+        row = int(np.prod(template.shape[1:]))
+        return values.reshape(self.num_envs, values.shape[1] // row, *template.shape[1:])
 
     def _expand(self, name: str) -> np.ndarray:
         if name not in self._expanded:
@@ -534,7 +568,7 @@ class BatchEnvPool:
             )
 
     def _check_position_actuators(self) -> None:
-        m = self._model
+        m = self._own
         fixed = m.actuator_gaintype == mujoco.mjtGain.mjGAIN_FIXED
         affine = m.actuator_biastype == mujoco.mjtBias.mjBIAS_AFFINE
         servo = np.isclose(m.actuator_biasprm[:, 1], -m.actuator_gainprm[:, 0])

@@ -21,8 +21,16 @@ Auto-reset, in gymnasium's terms (``gymnasium.vector.AutoresetMode``):
 ended in this step (rows where ``info["done"]``). Truncation: the task's time limit, or an env
 rolled back after a MuJoCo warning (status bits in ``pool.status``).
 
-Outputs: the returned arrays are the env's output buffers (or the ``out`` the caller passes), and
-the next step overwrites them: copy what you keep.
+Outputs: by default (``copy=True``) ``reset`` and ``step`` return fresh arrays, as gymnasium's
+``SyncVectorEnv``. ``copy=False`` returns the env's own output buffers, which the next call
+overwrites (no copy: for loops that consume each step before the next). A caller's ``out``
+buffers (e.g. shared-memory ring slots) are always written in place and returned as they are.
+
+Status: ``info["status"]`` holds each env's status bits at the end of the step (MuJoCo warning
+bits, STATUS_BAD_ACTION, STATUS_ERROR), read before a same-step auto-reset clears them from
+``pool.status``: a truncation with nonzero status was an instability, not a time limit. Named
+per-step diagnostics of the task (gymnasium's reward terms ``reward_forward``, ``reward_ctrl``,
+... and positions) are in ``info`` under their names (``spec.info_names``).
 
 Bad actions: ``nonfinite="raise"`` (default) raises ValueError naming the envs, before any env
 steps. ``nonfinite="truncate"`` skips the check: an env with NaN or inf in its action is not
@@ -32,7 +40,7 @@ stepped, keeps its state, gets STATUS_BAD_ACTION in ``pool.status`` and its epis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,10 +74,14 @@ class StepBuffers:
     episode_length: np.ndarray
     critic: np.ndarray | None = None
     final_critic: np.ndarray | None = None
+    # optional: (N, len(spec.info_names)) float64 diagnostics and (N,) uint32 status bits
+    info: np.ndarray | None = None
+    status: np.ndarray | None = None
 
     @classmethod
     def allocate(cls, num_envs: int, spec: TaskSpec) -> StepBuffers:
         critic = spec.critic_size
+        ninfo = len(spec.info_names)
         return cls(
             obs=np.zeros((num_envs, spec.obs_size)),
             reward=np.zeros(num_envs),
@@ -80,6 +92,8 @@ class StepBuffers:
             episode_length=np.zeros(num_envs, np.int32),
             critic=np.zeros((num_envs, critic)) if critic else None,
             final_critic=np.zeros((num_envs, critic)) if critic else None,
+            info=np.zeros((num_envs, ninfo)) if ninfo else None,
+            status=np.zeros(num_envs, np.uint32),
         )
 
     def check(self, num_envs: int, spec: TaskSpec) -> None:
@@ -95,6 +109,10 @@ class StepBuffers:
         }
         if spec.critic_size:
             want["critic"] = want["final_critic"] = ((num_envs, spec.critic_size), np.float64)
+        if self.info is not None and spec.info_names:
+            want["info"] = ((num_envs, len(spec.info_names)), np.float64)
+        if self.status is not None:
+            want["status"] = ((num_envs,), np.uint32)
         for name, (shape, dtype) in want.items():
             arr = getattr(self, name)
             if not isinstance(arr, np.ndarray) or arr.shape != shape or arr.dtype != dtype:
@@ -104,6 +122,41 @@ class StepBuffers:
                                  f"{shape}, got {got}")
             if not arr.flags.c_contiguous or not arr.flags.writeable:
                 raise ValueError(f"out.{name}: expected a writable C-contiguous array")
+
+
+def _check_seed(seed: Any, name: str) -> int:
+    """A seed: an integer >= 0 (bool refused), as gymnasium requires."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise TypeError(f"{name}: expected an integer >= 0, got {seed!r}")
+    if seed < 0:
+        raise ValueError(f"{name}: expected an integer >= 0, got {seed}")
+    return int(seed) % 2**64
+
+
+def _check_seeds(seed: Any, n: int) -> np.ndarray:
+    """One seed for all (0-d) or one per reset env, all checked before anything is seeded."""
+    if isinstance(seed, Sequence | np.ndarray) and not isinstance(seed, str):
+        seeds = [_check_seed(s, f"seed[{i}]") for i, s in enumerate(seed)]
+        if len(seeds) != n:
+            raise ValueError(f"seed: expected one int or {n} ints (one per reset env), got "
+                             f"{len(seeds)}")
+        return np.array(seeds, np.uint64)
+    return np.array(_check_seed(seed, "seed"), np.uint64)
+
+
+def _check_params(params: Any) -> dict[str, float]:
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params: expected a mapping {{name: number}}, got "
+                        f"{type(params).__name__}")
+    clean = {}
+    for key, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, int | float | np.integer |
+                                                     np.floating):
+            raise TypeError(f"params[{key!r}]: expected a number, got {value!r}")
+        clean[str(key)] = float(value)
+    return clean
 
 
 class TaskVectorEnv:
@@ -120,6 +173,8 @@ class TaskVectorEnv:
             whose episode ended, before its next episode's first step.
         nonfinite: "raise" or "truncate" (see the module doc).
         seed: seed of the start-state streams (reset(seed=...) re-seeds).
+        copy: return fresh arrays from reset and step (default), or, False, the env's own
+            buffers, overwritten by the next call.
     """
 
     def __init__(
@@ -133,13 +188,20 @@ class TaskVectorEnv:
         randomization: Randomizer | None = None,
         nonfinite: str = "raise",
         seed: int = 0,
+        copy: bool = True,
     ) -> None:
+        self._closed = True  # until constructed: close() and __del__ stay harmless
         if autoreset not in AUTORESET_MODES:
             raise ValueError(f"autoreset: expected one of {AUTORESET_MODES}, got {autoreset!r}")
         if nonfinite not in ("raise", "truncate"):
             raise ValueError(f"nonfinite: expected 'raise' or 'truncate', got {nonfinite!r}")
+        if randomization is not None and not callable(randomization):
+            raise TypeError("randomization: expected a function (rng, ids) -> {field: values}, "
+                            f"got {type(randomization).__name__}")
+        seed = _check_seed(seed, "seed")
         self.autoreset = autoreset
         self.nonfinite = nonfinite
+        self.copy = bool(copy)
         self._randomization = randomization
         self._np_rng = np.random.default_rng(seed)
         if isinstance(task, NumpyTask):
@@ -160,8 +222,8 @@ class TaskVectorEnv:
             info = tasks.get(task)
             self._numpy = None
             self.name = info.name
+            clean = _check_params(params)
             self.pool = BatchEnvPool(info.load_model(), num_envs, num_threads)
-            clean = {str(k): float(v) for k, v in (params or {}).items()}
             self._core = _core.TaskEnv(self.pool.core, info.name, clean,
                                        autoreset == "same_step")
             self.spec = TaskSpec.from_dict(self._core.spec)
@@ -172,6 +234,7 @@ class TaskVectorEnv:
         self.num_envs = self.pool.num_envs
         self.buffers = StepBuffers.allocate(self.num_envs, self.spec)
         self._all = np.arange(self.num_envs)
+        self._closed = False
 
     # ------------------------------------------------------------------ public
 
@@ -186,72 +249,113 @@ class TaskVectorEnv:
 
     def reset(
         self,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
         ids: np.ndarray | None = None,
         initial_state: np.ndarray | None = None,
         out: StepBuffers | None = None,
     ) -> tuple[np.ndarray, dict[str, Any]]:
         """Start new episodes in ids (default: all), sampled or from initial_state rows.
 
-        seed re-seeds the start-state streams of those envs (env i's stream depends on seed
-        and i only, so results do not depend on num_threads). Returns obs and info with
-        "critic_obs" for tasks that have one; only the rows of ids are written.
+        seed re-seeds the start-state streams of those envs: an int (env i's stream then
+        depends on seed and i only, so results do not depend on num_threads), or one int per
+        reset env (env i's stream from its own seed and i). Seeds are integers >= 0. Returns
+        obs and info ("critic_obs" for tasks that have one, the task's reset diagnostics); only
+        the rows of ids are written.
         """
-        out = self._out(out)
+        self._check_open()
         sel = self.pool.select(ids)
         idx = self._all if sel is None else sel.astype(np.int64)
+        seeds = None if seed is None else _check_seeds(seed, len(idx))
+        out = self._out(out)
         rows = None
         if initial_state is not None:
             rows = broadcast_real("initial_state", initial_state,
-                                        (len(idx), self.pool.state_size))
-        if seed is not None:
+                                  (len(idx), self.pool.state_size))
+        if seeds is not None:
             if self._core is not None:
-                self._core.seed(sel, int(seed) % 2**64)
+                if seeds.ndim == 0:
+                    self._core.seed(sel, int(seeds))
+                else:
+                    for env, s in zip(idx.tolist(), seeds.tolist(), strict=True):
+                        self._core.seed(np.array([env], np.int32), s)
             else:
-                self._rng.seed(idx, int(seed))
-            self._np_rng = np.random.default_rng(seed)
+                if seeds.ndim == 0:
+                    self._rng.seed(idx, int(seeds))
+                else:
+                    for env, s in zip(idx.tolist(), seeds.tolist(), strict=True):
+                        self._rng.seed(np.array([env]), s)
+            self._np_rng = np.random.default_rng(seeds.tolist())
         if self._randomization is not None:
             self._randomize(idx)
         if self._core is not None:
-            self._core.reset(sel, rows, out.obs, out.critic)
+            self._core.reset(sel, rows, out.obs, out.critic, out.info)
         else:
             self._start(idx, rows, out)
-        return out.obs, self._info(out, reset=True)
+        if out.status is not None:
+            out.status[idx] = 0
+        return self._result(out, out.obs), self._info(out, reset=True)
 
     def step(
         self, actions: np.ndarray, out: StepBuffers | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """One env step of every env; see the module doc for auto-reset and outputs."""
+        self._check_open()
+        given = out is not None
         out = self._out(out)
-        acts = self._actions(actions)
+        acts, float32 = self._actions(actions)
         if self._core is not None:
             self._core.step(acts, out.obs, out.critic, out.reward, out.terminated.view(np.uint8),
                             out.truncated.view(np.uint8), out.final_obs, out.final_critic,
-                            out.episode_return, out.episode_length)
+                            out.episode_return, out.episode_length, out.info, out.status,
+                            float32)
         else:
             self._numpy_step(acts, out)
         done = out.terminated | out.truncated
         if self._randomization is not None and done.any():
             self._randomize(np.flatnonzero(done), keep_state=True)
-        return out.obs, out.reward, out.terminated, out.truncated, self._info(out, done=done)
+        info = self._info(out, done=done)
+        if given or not self.copy:
+            return out.obs, out.reward, out.terminated, out.truncated, info
+        return (out.obs.copy(), out.reward.copy(), out.terminated.copy(), out.truncated.copy(),
+                info)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
+        """Release the pool; later calls raise RuntimeError. Closing twice is harmless."""
+        if self._closed:
+            return
+        self._closed = True
         self._core = None
         self.pool.close()
 
     def __repr__(self) -> str:
+        if self._closed:
+            return "TaskVectorEnv(closed)"
         return (f"TaskVectorEnv({self.name!r}, num_envs={self.num_envs}, "
                 f"autoreset={self.autoreset!r}, {'numpy' if self._numpy else 'C++'})")
 
     # ------------------------------------------------------------------ internals
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the TaskVectorEnv of {self.name!r} is closed")
+
     def _out(self, out: StepBuffers | None) -> StepBuffers:
         if out is None:
             return self.buffers
+        if not isinstance(out, StepBuffers):
+            raise TypeError(f"out: expected StepBuffers, got {type(out).__name__}")
         out.check(self.num_envs, self.spec)
         return out
 
-    def _actions(self, actions: Any) -> np.ndarray:
+    def _result(self, out: StepBuffers, arr: np.ndarray) -> np.ndarray:
+        """arr itself for caller buffers or copy=False, else a copy."""
+        return arr if out is not self.buffers or not self.copy else arr.copy()
+
+    def _actions(self, actions: Any) -> tuple[np.ndarray, bool]:
         shape = (self.num_envs, self.spec.action_size)
         arr = np.asarray(actions)
         if arr.dtype.kind != "f":
@@ -260,6 +364,7 @@ class TaskVectorEnv:
         if arr.shape != shape:
             raise ValueError(f"actions: expected shape {shape} (num_envs, action_size), got "
                              f"{arr.shape}")
+        float32 = arr.dtype == np.float32
         arr = np.ascontiguousarray(arr, dtype=np.float64)
         if self.nonfinite == "raise" or self._core is None:
             bad = ~np.isfinite(arr).all(axis=1)
@@ -268,22 +373,30 @@ class TaskVectorEnv:
                 raise ValueError(f"actions: NaN or inf in the actions of env(s) "
                                  f"{envs[:8].tolist()}{' ...' if len(envs) > 8 else ''}; "
                                  "no env was stepped")
-        return arr
+        return arr, float32
 
     def _info(self, out: StepBuffers, reset: bool = False,
               done: np.ndarray | None = None) -> dict[str, Any]:
+        keep = self._result
         info: dict[str, Any] = {}
         if out.critic is not None:
-            info["critic_obs"] = out.critic
+            info["critic_obs"] = keep(out, out.critic)
+        names = self.spec.info_names
+        if out.info is not None and names:
+            columns = keep(out, out.info)
+            for k, name in enumerate(names[: self.spec.reset_info_size] if reset else names):
+                info[name] = columns[:, k]
         if reset:
             return info
         info["done"] = done
-        info["episode_return"] = out.episode_return
-        info["episode_length"] = out.episode_length
+        info["episode_return"] = keep(out, out.episode_return)
+        info["episode_length"] = keep(out, out.episode_length)
+        if out.status is not None:
+            info["status"] = keep(out, out.status)
         if self.autoreset == "same_step":
-            info["final_obs"] = out.final_obs
+            info["final_obs"] = keep(out, out.final_obs)
             if out.final_critic is not None:
-                info["final_critic_obs"] = out.final_critic
+                info["final_critic_obs"] = keep(out, out.final_critic)
         return info
 
     def _randomize(self, ids: np.ndarray, keep_state: bool = False) -> None:
@@ -323,6 +436,8 @@ class TaskVectorEnv:
             out.reward[pending] = 0
             out.terminated[pending] = False
             out.truncated[pending] = False
+            if out.status is not None:
+                out.status[pending] = 0
         if not len(active):
             return
         status_before = self.pool.status[active].copy()
@@ -348,6 +463,8 @@ class TaskVectorEnv:
         out.reward[active] = tr.reward
         out.terminated[active] = terminated
         out.truncated[active] = truncated
+        if out.status is not None:
+            out.status[active] = self.pool.status[active]
         done = active[terminated | truncated]
         if not len(done):
             return

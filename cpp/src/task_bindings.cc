@@ -62,6 +62,8 @@ py::dict SpecDict(const TaskSpec& s) {
   d["resample_steps"] = s.resample_steps;
   d["action_low"] = s.action_low;
   d["action_high"] = s.action_high;
+  d["info_names"] = s.info_names;
+  d["reset_info_size"] = s.reset_info_size;
   return d;
 }
 
@@ -90,13 +92,14 @@ void BindTasks(py::module_& mod) {
       .def(
           "reset",
           [](TaskEnv& env, std::optional<IdArray> ids, py::object states, py::object obs,
-             py::object critic) {
+             py::object critic, py::object info) {
             const TaskSpec& s = env.task().spec();
             const size_t n = env.num_envs();
             const int nid = ids ? static_cast<int>(ids->size()) : static_cast<int>(n);
             StepBuffers out;
             out.obs = Buffer<mjtNum>(obs, n * s.obs_size, "obs");
             out.critic = Buffer<mjtNum>(critic, n * s.critic_size, "critic", true);
+            out.info = Buffer<mjtNum>(info, n * s.info_names.size(), "info", true);
             const mjtNum* rows = nullptr;
             if (!states.is_none()) {
               rows = Input<mjtNum>(states, static_cast<size_t>(nid) * env.pool().state_size(),
@@ -106,12 +109,14 @@ void BindTasks(py::module_& mod) {
             py::gil_scoped_release release;
             env.Reset(ptr, nid, rows, out);
           },
-          py::arg("ids"), py::arg("states"), py::arg("obs"), py::arg("critic"))
+          py::arg("ids"), py::arg("states"), py::arg("obs"), py::arg("critic"),
+          py::arg("info") = py::none())
       .def(
           "step",
           [](TaskEnv& env, py::object actions, py::object obs, py::object critic,
              py::object reward, py::object terminated, py::object truncated, py::object final_obs,
-             py::object final_critic, py::object episode_return, py::object episode_length) {
+             py::object final_critic, py::object episode_return, py::object episode_length,
+             py::object info, py::object status, bool float32_actions) {
             const TaskSpec& s = env.task().spec();
             const size_t n = env.num_envs();
             const mjtNum* act = Input<mjtNum>(actions, n * s.action_size, "actions");
@@ -127,12 +132,16 @@ void BindTasks(py::module_& mod) {
             out.episode_return = Buffer<mjtNum>(episode_return, n, "episode_return", true);
             out.episode_length =
                 Buffer<std::int32_t>(episode_length, n, "episode_length", true);
+            out.info = Buffer<mjtNum>(info, n * s.info_names.size(), "info", true);
+            out.status = Buffer<std::uint32_t>(status, n, "status", true);
             py::gil_scoped_release release;
-            env.Step(act, out);
+            env.Step(act, out, float32_actions);
           },
           py::arg("actions"), py::arg("obs"), py::arg("critic"), py::arg("reward"),
           py::arg("terminated"), py::arg("truncated"), py::arg("final_obs"),
-          py::arg("final_critic"), py::arg("episode_return"), py::arg("episode_length"))
+          py::arg("final_critic"), py::arg("episode_return"), py::arg("episode_length"),
+          py::arg("info") = py::none(), py::arg("status") = py::none(),
+          py::arg("float32_actions") = false)
       .def("memory",
            [](py::object self) {
              auto& env = self.cast<TaskEnv&>();

@@ -41,6 +41,14 @@ void TaskEnv::ObserveInto(const mjModel* m, const mjData* d, int env, mjtNum* ob
                                             : nullptr);
 }
 
+void TaskEnv::StartInfoInto(const mjModel* m, const mjData* d, int env, mjtNum* info) {
+  const TaskSpec& spec = task_->spec();
+  if (!info || spec.info_names.empty()) return;
+  mjtNum* row = info + static_cast<size_t>(env) * spec.info_names.size();
+  for (size_t i = 0; i < spec.info_names.size(); ++i) row[i] = 0;
+  task_->StartInfo(m, d, row);
+}
+
 void TaskEnv::StartEpisode(const mjModel* m, mjData* d, int env, const mjtNum* state) {
   mjtNum* memory = memory_.data() + static_cast<size_t>(env) * task_->spec().memory_size;
   mj_resetData(m, d);  // a clean d: derived fields of the thread's last env must not leak in
@@ -67,12 +75,13 @@ void TaskEnv::ResetKernel(const mjModel* m, mjData* d, int env, void* arg) {
   }
   self.StartEpisode(m, d, env, state);
   self.ObserveInto(m, d, env, call.out.obs, call.out.critic);
+  self.StartInfoInto(m, d, env, call.out.info);
 }
 
 void TaskEnv::Reset(const int* ids, int nid, const mjtNum* states, const StepBuffers& out) {
   const int n = ids ? nid : num_envs();
   for (int i = 0; i < n; ++i) rows_[ids ? ids[i] : i] = i;
-  Call call{this, nullptr, states, ids, out};
+  Call call{this, nullptr, states, ids, out, false};
   pool_->Apply(ids, nid, &ResetKernel, &call, true);
 }
 
@@ -87,9 +96,11 @@ void TaskEnv::StepKernel(const mjModel* m, mjData* d, int env, void* arg) {
   if (self.pending_[env]) {  // next-step mode: this step only restarts the env
     self.StartEpisode(m, d, env, nullptr);
     self.ObserveInto(m, d, env, out.obs, out.critic);
+    self.StartInfoInto(m, d, env, out.info);
     out.reward[env] = 0;
     out.terminated[env] = 0;
     out.truncated[env] = 0;
+    if (out.status) out.status[env] = 0;
     return;
   }
 
@@ -98,6 +109,11 @@ void TaskEnv::StepKernel(const mjModel* m, mjData* d, int env, void* arg) {
   for (int i = 0; i < spec.action_size; ++i) finite &= std::isfinite(action[i]);
 
   Transition tr;
+  tr.float32_actions = call.float32_actions;
+  if (out.info && !spec.info_names.empty()) {
+    tr.info = out.info + static_cast<size_t>(env) * spec.info_names.size();
+    for (size_t i = 0; i < spec.info_names.size(); ++i) tr.info[i] = 0;
+  }
   if (finite) {
     task.Act(m, d, action, memory);
     const std::uint32_t raised = GuardedSteps(m, d, spec.frame_skip, self.pool_->state_row(env));
@@ -124,6 +140,8 @@ void TaskEnv::StepKernel(const mjModel* m, mjData* d, int env, void* arg) {
   out.reward[env] = tr.reward;
   out.terminated[env] = tr.terminated;
   out.truncated[env] = tr.truncated;
+  // read before a same-step restart clears them: why the episode ended (warning, bad action)
+  if (out.status) out.status[env] = self.pool_->status()[env];
   if (!tr.terminated && !tr.truncated) return;
 
   if (out.episode_return) out.episode_return[env] = self.return_[env];
@@ -145,8 +163,8 @@ void TaskEnv::StepKernel(const mjModel* m, mjData* d, int env, void* arg) {
   self.ObserveInto(m, d, env, out.obs, out.critic);
 }
 
-void TaskEnv::Step(const mjtNum* actions, const StepBuffers& out) {
-  Call call{this, actions, nullptr, nullptr, out};
+void TaskEnv::Step(const mjtNum* actions, const StepBuffers& out, bool float32_actions) {
+  Call call{this, actions, nullptr, nullptr, out, float32_actions};
   pool_->Apply(nullptr, 0, &StepKernel, &call, true);
 }
 

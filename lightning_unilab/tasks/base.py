@@ -35,11 +35,17 @@ class TaskSpec:
     critic_size: int = 0
     memory_size: int = 0
     resample_steps: int = 0
+    # named per-step diagnostics (reward terms ...); the first reset_info_size also at reset
+    info_names: tuple[str, ...] = ()
+    reset_info_size: int = 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TaskSpec:
-        return cls(**{k: np.asarray(v, np.float64) if k.startswith("action_l") or
-                      k.startswith("action_h") else v for k, v in d.items()})
+        fixed = {k: np.asarray(v, np.float64) if k.startswith("action_l") or
+                 k.startswith("action_h") else v for k, v in d.items()}
+        if "info_names" in fixed:
+            fixed["info_names"] = tuple(fixed["info_names"])
+        return cls(**fixed)
 
 
 @dataclass

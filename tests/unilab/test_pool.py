@@ -357,7 +357,7 @@ def test_bad_arguments_are_explained(arm_model):
         BatchEnvPool(arm_model, 2, outputs={"xpos": ["bx"]})
     with pytest.raises(ValueError, match=r"part of the state: use pool.field\('qpos'\)"):
         BatchEnvPool(arm_model, 2, outputs={"qpos": None})
-    with pytest.raises(ValueError, match="num_envs: expected a positive integer, got 0"):
+    with pytest.raises(ValueError, match="num_envs: expected a positive integer.*got 0"):
         BatchEnvPool(arm_model, 0)
     with pytest.raises(ValueError, match="num_threads"):
         BatchEnvPool(arm_model, 2, num_threads=-1)

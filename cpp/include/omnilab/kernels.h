@@ -17,11 +17,18 @@ inline void ArmWarnings(mjData* d) {
   }
 }
 
-// Bit w set for every warning w raised since ArmWarnings.
+// Bit w set for every warning w raised since ArmWarnings: the warnings a plain mj_step loop from
+// zeroed counters would show. MuJoCo's own reset after a bad qpos, qvel or qacc (mj_resetData)
+// zeroes every counter, the mark included, and then counts the warning that caused it; a zero
+// counter can only come from such a reset, and then the counters are read as plain MuJoCo's.
 inline std::uint32_t RaisedWarnings(const mjData* d) {
+  bool reset = false;
+  for (int w = 0; w < mjNWARNING; ++w) reset |= d->warning[w].number == 0;
   std::uint32_t bits = 0;
   for (int w = 0; w < mjNWARNING; ++w) {
-    if (d->warning[w].number != 1 || d->warning[w].lastinfo != -1) bits |= 1u << w;
+    const bool raised = reset ? d->warning[w].number > 0
+                              : d->warning[w].number != 1 || d->warning[w].lastinfo != -1;
+    if (raised) bits |= 1u << w;
   }
   return bits;
 }

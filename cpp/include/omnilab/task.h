@@ -54,6 +54,10 @@ struct TaskSpec {
   int memory_size = 0;         // mjtNum per env kept between steps (last action, command ...)
   int resample_steps = 0;      // commands are resampled every this many steps; 0: per episode
   std::vector<double> action_low, action_high;
+  // Named per-step diagnostics (reward terms, positions, velocities) written by Evaluate into
+  // Transition::info; the first reset_info_size of them are also written at episode start.
+  std::vector<std::string> info_names;
+  int reset_info_size = 0;
 };
 
 // What one env step produced, filled in by Task::Evaluate.
@@ -61,6 +65,11 @@ struct Transition {
   mjtNum reward = 0;
   bool terminated = false;
   bool truncated = false;  // task-level truncation, on top of max_episode_steps
+  // spec().info_names.size() values to fill, or nullptr when the caller keeps no info
+  mjtNum* info = nullptr;
+  // in: the caller's actions were float32 (float64 here, exactly); tasks that mirror a library
+  // computing costs of float32 actions in float32 use it to round the same way
+  bool float32_actions = false;
 };
 
 class Task {
@@ -79,6 +88,8 @@ class Task {
   // After the substeps: reward and termination; may update memory.
   virtual void Evaluate(const mjModel* m, mjData* d, const mjtNum* action, mjtNum* memory,
                         Transition* out) const = 0;
+  // Episode-start values of the first spec().reset_info_size info entries (positions ...).
+  virtual void StartInfo(const mjModel* /*m*/, const mjData* /*d*/, mjtNum* /*info*/) const {}
   // Observation (and critic observation if spec().critic_size) at the current state.
   virtual void Observe(const mjModel* m, const mjData* d, const mjtNum* memory, mjtNum* obs,
                        mjtNum* critic) const = 0;

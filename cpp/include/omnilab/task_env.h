@@ -28,6 +28,9 @@ struct StepBuffers {
   mjtNum* final_critic = nullptr;    // nullable
   mjtNum* episode_return = nullptr;  // (N,): rows of finished envs
   std::int32_t* episode_length = nullptr;
+  mjtNum* info = nullptr;            // (N, info size), nullable: the task's named diagnostics
+  std::uint32_t* status = nullptr;   // (N,), nullable: the env's status bits at the end of its
+                                     // step, before a same-step auto-reset clears them
 };
 
 enum class Autoreset {
@@ -51,7 +54,7 @@ class TaskEnv {
   // Writes obs (and critic) rows of those envs only.
   void Reset(const int* ids, int nid, const mjtNum* states, const StepBuffers& out);
   // One env step of every env; actions (N, action_size).
-  void Step(const mjtNum* actions, const StepBuffers& out);
+  void Step(const mjtNum* actions, const StepBuffers& out, bool float32_actions = false);
 
   // Per-env task memory (N, memory_size), e.g. commands; writable between calls.
   mjtNum* memory() { return memory_.data(); }
@@ -64,11 +67,13 @@ class TaskEnv {
     const mjtNum* states;
     const int* ids;
     StepBuffers out;
+    bool float32_actions;
   };
   static void StepKernel(const mjModel* m, mjData* d, int env, void* arg);
   static void ResetKernel(const mjModel* m, mjData* d, int env, void* arg);
   void StartEpisode(const mjModel* m, mjData* d, int env, const mjtNum* state);
   void ObserveInto(const mjModel* m, const mjData* d, int env, mjtNum* obs, mjtNum* critic);
+  void StartInfoInto(const mjModel* m, const mjData* d, int env, mjtNum* info);
 
   BatchEnvPool* pool_;
   std::unique_ptr<Task> task_;

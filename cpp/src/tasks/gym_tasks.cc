@@ -23,6 +23,42 @@ mjtNum SumSquares(const mjtNum* x, int n) {
   return s;
 }
 
+// numpy's float32 sum (np.add.reduce's pairwise summation: one accumulator below 8 elements,
+// eight from 8 to 128, combined pairwise); gymnasium's envs sum squared float32 actions this way
+float PairwiseSum(const float* x, int n) {
+  if (n < 8) {
+    float s = 0.f;
+    for (int i = 0; i < n; ++i) s += x[i];
+    return s;
+  }
+  if (n > 128) {
+    const int half = (n / 2) - (n / 2) % 8;
+    return PairwiseSum(x, half) + PairwiseSum(x + half, n - half);
+  }
+  float r[8];
+  for (int j = 0; j < 8; ++j) r[j] = x[j];
+  int i = 8;
+  for (; i < n - n % 8; i += 8) {
+    for (int j = 0; j < 8; ++j) r[j] += x[i + j];
+  }
+  float s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+// weight * sum(action^2) as gymnasium computes it: in float64 for float64 actions; for float32
+// actions numpy squares and sums in float32 and multiplies by the weight as a float32 (NEP 50)
+mjtNum ControlCost(double weight, const mjtNum* action, int n, bool float32_actions) {
+  if (!float32_actions) return weight * SumSquares(action, n);
+  float squares[256];
+  if (n > 256) return weight * SumSquares(action, n);  // no gymnasium task is this large
+  for (int i = 0; i < n; ++i) {
+    const float a = static_cast<float>(action[i]);
+    squares[i] = a * a;
+  }
+  return static_cast<float>(weight) * PairwiseSum(squares, n);
+}
+
 bool AllFinite(const mjtNum* x, int n) {
   for (int i = 0; i < n; ++i) {
     if (!std::isfinite(x[i])) return false;
@@ -47,6 +83,7 @@ class GymTask : public Task {
       spec_.action_high.push_back(m->actuator_ctrlrange[2 * i + 1]);
     }
     dt_ = m->opt.timestep * spec_.frame_skip;
+    y0_ = m->nq > 1 ? m->qpos0[1] : 0;
   }
 
   void Reset(const mjModel* m, mjData* d, Rng& rng, mjtNum* /*memory*/) const override {
@@ -72,6 +109,7 @@ class GymTask : public Task {
 
   double noise_ = 0;
   double dt_ = 0;
+  double y0_ = 0;  // qpos0[1]: gymnasium's init_qpos[1], for the planar walkers' z distance
   Noise qvel_noise_;
 };
 
@@ -83,14 +121,27 @@ class HalfCheetah : public GymTask {
     ctrl_w_ = p.Get("ctrl_cost_weight", 0.1);
     spec_.obs_size = m->nq - 1 + m->nv;
     spec_.memory_size = 1;  // x before the step
+    spec_.info_names = {"x_position", "x_velocity", "reward_forward", "reward_ctrl"};
+    spec_.reset_info_size = 1;
   }
   void Start(const mjModel*, const mjData* d, mjtNum* memory) const override {
     RememberX(d, memory);
   }
+  void StartInfo(const mjModel*, const mjData* d, mjtNum* info) const override {
+    info[0] = d->qpos[0];
+  }
   void Evaluate(const mjModel* m, mjData* d, const mjtNum* action, mjtNum* memory,
                 Transition* out) const override {
     const mjtNum velocity = ForwardVelocity(d, memory);
-    out->reward = forward_w_ * velocity - ctrl_w_ * SumSquares(action, m->nu);
+    const mjtNum forward = forward_w_ * velocity;
+    const mjtNum ctrl = ControlCost(ctrl_w_, action, m->nu, out->float32_actions);
+    out->reward = forward - ctrl;
+    if (mjtNum* info = out->info) {
+      info[0] = d->qpos[0];
+      info[1] = velocity;
+      info[2] = forward;
+      info[3] = -ctrl;
+    }
   }
   void Observe(const mjModel* m, const mjData* d, const mjtNum*, mjtNum* obs,
                mjtNum*) const override {
@@ -119,26 +170,47 @@ class Ant : public GymTask {
     main_body_ = static_cast<int>(p.Get("main_body", 1));
     spec_.obs_size = m->nq - 2 + m->nv + 6 * (m->nbody - 1);
     spec_.memory_size = 2;  // main body xy before the step
+    spec_.info_names = {"x_position",     "y_position",    "distance_from_origin",
+                        "x_velocity",     "y_velocity",    "reward_forward",
+                        "reward_ctrl",    "reward_contact", "reward_survive"};
+    spec_.reset_info_size = 3;
   }
   void Start(const mjModel*, const mjData* d, mjtNum* memory) const override {
     memory[0] = d->xpos[3 * main_body_];
     memory[1] = d->xpos[3 * main_body_ + 1];
+  }
+  void StartInfo(const mjModel*, const mjData* d, mjtNum* info) const override {
+    info[0] = d->qpos[0];
+    info[1] = d->qpos[1];
+    info[2] = std::hypot(d->qpos[0], d->qpos[1]);
   }
   mjtNum Clip(mjtNum f) const { return std::min(std::max(f, force_low_), force_high_); }
   void Evaluate(const mjModel* m, mjData* d, const mjtNum* action, mjtNum* memory,
                 Transition* out) const override {
     mj_rnePostConstraint(m, d);
     const mjtNum x_velocity = (d->xpos[3 * main_body_] - memory[0]) / dt_;
+    const mjtNum y_velocity = (d->xpos[3 * main_body_ + 1] - memory[1]) / dt_;
     memory[0] = d->xpos[3 * main_body_];
     memory[1] = d->xpos[3 * main_body_ + 1];
     const bool healthy = AllFinite(d->qpos, m->nq) && AllFinite(d->qvel, m->nv) &&
                          z_low_ <= d->qpos[2] && d->qpos[2] <= z_high_;
     mjtNum contact = 0;
     for (int i = 0; i < 6 * m->nbody; ++i) contact += Clip(d->cfrc_ext[i]) * Clip(d->cfrc_ext[i]);
-    const mjtNum rewards = x_velocity * forward_w_ + healthy * healthy_reward_;
-    const mjtNum costs = ctrl_w_ * SumSquares(action, m->nu) + contact_w_ * contact;
-    out->reward = rewards - costs;
+    const mjtNum forward = x_velocity * forward_w_;
+    const mjtNum survive = healthy * healthy_reward_;
+    const mjtNum ctrl = ControlCost(ctrl_w_, action, m->nu, out->float32_actions);
+    const mjtNum contact_cost = contact_w_ * contact;
+    out->reward = (forward + survive) - (ctrl + contact_cost);
     out->terminated = !healthy && terminate_;
+    if (mjtNum* info = out->info) {
+      StartInfo(m, d, info);
+      info[3] = x_velocity;
+      info[4] = y_velocity;
+      info[5] = forward;
+      info[6] = -ctrl;
+      info[7] = -contact_cost;
+      info[8] = survive;
+    }
   }
   void Observe(const mjModel* m, const mjData* d, const mjtNum*, mjtNum* obs,
                mjtNum*) const override {
@@ -173,9 +245,16 @@ class Planar : public GymTask {
     check_state_ = hopper;
     spec_.obs_size = m->nq - 1 + m->nv;
     spec_.memory_size = 1;
+    spec_.info_names = {"x_position", "z_distance_from_origin", "x_velocity",
+                        "reward_forward", "reward_ctrl", "reward_survive"};
+    spec_.reset_info_size = 2;
   }
   void Start(const mjModel*, const mjData* d, mjtNum* memory) const override {
     RememberX(d, memory);
+  }
+  void StartInfo(const mjModel*, const mjData* d, mjtNum* info) const override {
+    info[0] = d->qpos[0];
+    info[1] = d->qpos[1] - y0_;
   }
   void Evaluate(const mjModel* m, mjData* d, const mjtNum* action, mjtNum* memory,
                 Transition* out) const override {
@@ -186,9 +265,18 @@ class Planar : public GymTask {
       for (int i = 2; i < m->nq; ++i) healthy &= state_low_ < d->qpos[i] && d->qpos[i] < state_high_;
       for (int i = 0; i < m->nv; ++i) healthy &= state_low_ < d->qvel[i] && d->qvel[i] < state_high_;
     }
-    const mjtNum rewards = velocity * forward_w_ + healthy * healthy_reward_;
-    out->reward = rewards - ctrl_w_ * SumSquares(action, m->nu);
+    const mjtNum forward = velocity * forward_w_;
+    const mjtNum survive = healthy * healthy_reward_;
+    const mjtNum ctrl = ControlCost(ctrl_w_, action, m->nu, out->float32_actions);
+    out->reward = (forward + survive) - ctrl;
     out->terminated = !healthy && terminate_;
+    if (mjtNum* info = out->info) {
+      StartInfo(m, d, info);
+      info[2] = velocity;
+      info[3] = forward;
+      info[4] = -ctrl;
+      info[5] = survive;
+    }
   }
   void Observe(const mjModel* m, const mjData* d, const mjtNum*, mjtNum* obs,
                mjtNum*) const override {
@@ -217,32 +305,55 @@ class Humanoid : public GymTask {
     z_high_ = p.Get("healthy_z_max", 2.0);
     const int nb = m->nbody - 1;
     spec_.obs_size = m->nq - 2 + m->nv + 10 * nb + 6 * nb + (m->nv - 6) + 6 * nb;
-    spec_.memory_size = 1;
+    spec_.memory_size = 2;  // mass centre xy before the step
+    spec_.info_names = {"x_position",     "y_position",     "distance_from_origin",
+                        "x_velocity",     "y_velocity",     "reward_survive",
+                        "reward_forward", "reward_ctrl",    "reward_contact"};
+    spec_.reset_info_size = 3;
   }
-  static mjtNum MassCenterX(const mjModel* m, const mjData* d) {
+  // mass centre coordinate k (0: x, 1: y) from xipos
+  static mjtNum MassCenter(const mjModel* m, const mjData* d, int k) {
     mjtNum num = 0, mass = 0;
     for (int b = 0; b < m->nbody; ++b) {
-      num += m->body_mass[b] * d->xipos[3 * b];
+      num += m->body_mass[b] * d->xipos[3 * b + k];
       mass += m->body_mass[b];
     }
     return num / mass;
   }
   void Start(const mjModel* m, const mjData* d, mjtNum* memory) const override {
-    memory[0] = MassCenterX(m, d);
+    memory[0] = MassCenter(m, d, 0);
+    memory[1] = MassCenter(m, d, 1);
+  }
+  void StartInfo(const mjModel*, const mjData* d, mjtNum* info) const override {
+    info[0] = d->qpos[0];
+    info[1] = d->qpos[1];
+    info[2] = std::hypot(d->qpos[0], d->qpos[1]);
   }
   void Evaluate(const mjModel* m, mjData* d, const mjtNum*, mjtNum* memory,
                 Transition* out) const override {
     mj_rnePostConstraint(m, d);
-    const mjtNum x = MassCenterX(m, d);
+    const mjtNum x = MassCenter(m, d, 0), y = MassCenter(m, d, 1);
     const mjtNum x_velocity = (x - memory[0]) / dt_;
+    const mjtNum y_velocity = (y - memory[1]) / dt_;
     memory[0] = x;
+    memory[1] = y;
     const bool healthy = z_low_ < d->qpos[2] && d->qpos[2] < z_high_;
     const mjtNum contact =
         std::min(contact_w_ * SumSquares(d->cfrc_ext, 6 * m->nbody), contact_high_);
-    const mjtNum rewards = forward_w_ * x_velocity + healthy * healthy_reward_;
-    const mjtNum costs = ctrl_w_ * SumSquares(d->ctrl, m->nu) + contact;
-    out->reward = rewards - costs;
+    const mjtNum forward = forward_w_ * x_velocity;
+    const mjtNum survive = healthy * healthy_reward_;
+    const mjtNum ctrl = ctrl_w_ * SumSquares(d->ctrl, m->nu);  // float64 ctrl, as gymnasium
+    out->reward = (forward + survive) - (ctrl + contact);
     out->terminated = !healthy && terminate_;
+    if (mjtNum* info = out->info) {
+      StartInfo(m, d, info);
+      info[3] = x_velocity;
+      info[4] = y_velocity;
+      info[5] = survive;
+      info[6] = forward;
+      info[7] = -ctrl;
+      info[8] = -contact;
+    }
   }
   void Observe(const mjModel* m, const mjData* d, const mjtNum*, mjtNum* obs,
                mjtNum*) const override {
@@ -264,6 +375,7 @@ class InvertedPendulum : public GymTask {
  public:
   InvertedPendulum(const mjModel* m, ParamReader& p) : GymTask(m, p, 2, 0.01, Noise::kUniform) {
     spec_.obs_size = m->nq + m->nv;
+    spec_.info_names = {"reward_survive"};
   }
   void Evaluate(const mjModel* m, mjData* d, const mjtNum*, mjtNum*,
                 Transition* out) const override {
@@ -271,6 +383,7 @@ class InvertedPendulum : public GymTask {
                      std::abs(d->qpos[1]) > 0.2;
     out->terminated = bad;
     out->reward = bad ? 0 : 1;
+    if (out->info) out->info[0] = out->reward;
   }
   void Observe(const mjModel* m, const mjData* d, const mjtNum*, mjtNum* obs,
                mjtNum*) const override {
