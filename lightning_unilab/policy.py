@@ -51,11 +51,19 @@ class ObsNormalizer(nn.Module):
     def update(self, x: Tensor) -> None:
         """Fold a batch ``[..., size]`` into the statistics."""
         x = x.reshape(-1, self.mean.numel()).to(torch.float64)
-        n = x.shape[0]
-        if n == 0:
+        if x.shape[0] == 0:
             return
-        batch_mean = x.mean(0)
-        batch_var = x.var(0, unbiased=False)
+        self.update_moments(x.shape[0], x.mean(0), x.var(0, unbiased=False))
+
+    @torch.no_grad()
+    def update_moments(self, count: float, batch_mean: Tensor, batch_var: Tensor) -> None:
+        """Fold in a batch given by its size, mean and (biased) variance: the form in which
+        several processes' batches are combined before every process applies the same update."""
+        n = float(count)
+        if n <= 0:
+            return
+        batch_mean = batch_mean.to(self.mean)
+        batch_var = batch_var.to(self.var)
         total = self.count + n
         delta = batch_mean - self.mean
         self.mean += delta * (n / total)

@@ -1,0 +1,89 @@
+"""The APPO loss terms as pure functions of tensors (docs/unilab/appo.md explains each).
+
+Every function takes flat per-sample tensors ([B] or [B, act]) and returns means over B, so a
+minibatch is just an index into the flattened slot.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "RATIO_FORMS",
+    "approx_kl",
+    "clipped_value_loss",
+    "gaussian_entropy",
+    "gaussian_kl",
+    "policy_ratio",
+    "ppo_surrogate",
+]
+
+# "behaviour": pi / mu (APPO as in sample-factory); "impact": pi / max(mu, pi_target), the
+# IMPACT-style ratio used by UniLab: never larger than the ratio to either policy.
+RATIO_FORMS = ("behaviour", "impact")
+
+
+def policy_ratio(
+    logp: Tensor, behaviour_logp: Tensor, target_logp: Tensor | None = None,
+    form: str = "behaviour",
+) -> Tensor:
+    """pi/mu, or pi/max(mu, pi_target) for ``form="impact"`` (needs ``target_logp``)."""
+    if form == "behaviour":
+        return (logp - behaviour_logp).exp()
+    if form == "impact":
+        if target_logp is None:
+            raise ValueError("target_logp: the 'impact' ratio needs the target policy's log-probs")
+        return (logp - torch.maximum(behaviour_logp, target_logp)).exp()
+    raise ValueError(f"form: expected one of {RATIO_FORMS}, got {form!r}")
+
+
+def ppo_surrogate(ratio: Tensor, advantages: Tensor, clip: float) -> tuple[Tensor, Tensor]:
+    """(loss, clipped fraction): -mean(min(r A, clip(r, 1-eps, 1+eps) A)) and the share of
+    samples whose ratio left [1-eps, 1+eps]."""
+    if clip <= 0:
+        raise ValueError(f"clip: expected a positive clip ratio, got {clip}")
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * advantages
+    loss = -torch.minimum(unclipped, clipped).mean()
+    frac = ((ratio - 1.0).abs() > clip).float().mean()
+    return loss, frac
+
+
+def clipped_value_loss(
+    values: Tensor, old_values: Tensor, targets: Tensor, clip: float | None
+) -> Tensor:
+    """mean(max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)); plain MSE if clip is None.
+
+    The clipped branch keeps the critic from moving further than c away from the values the
+    advantages were computed with, in the direction that would lower the loss.
+    """
+    err = (values - targets).square()
+    if clip is None:
+        return err.mean()
+    if clip <= 0:
+        raise ValueError(f"clip: expected a positive value clip or None, got {clip}")
+    moved = old_values + (values - old_values).clamp(-clip, clip)
+    return torch.maximum(err, (moved - targets).square()).mean()
+
+
+def gaussian_entropy(log_std: Tensor) -> Tensor:
+    """Mean over samples of the entropy of a diagonal Gaussian, summed over action dims."""
+    per_dim = 0.5 * (1.0 + torch.log(torch.tensor(2.0 * torch.pi, dtype=log_std.dtype))) + log_std
+    return per_dim.sum(-1).mean()
+
+
+def gaussian_kl(
+    mean_p: Tensor, log_std_p: Tensor, mean_q: Tensor, log_std_q: Tensor
+) -> Tensor:
+    """Mean over samples of KL(p || q) of diagonal Gaussians, summed over action dims."""
+    var_p, var_q = (2 * log_std_p).exp(), (2 * log_std_q).exp()
+    per_dim = log_std_q - log_std_p + (var_p + (mean_p - mean_q).square()) / (2 * var_q) - 0.5
+    return per_dim.sum(-1).mean()
+
+
+def approx_kl(logp_old: Tensor, logp_new: Tensor) -> Tensor:
+    """Sample estimate of KL(old || new) from actions drawn under old: mean((r - 1) - log r),
+    r = new/old; unbiased and never negative (Schulman's k3 estimator)."""
+    log_r = logp_new - logp_old
+    return (log_r.exp() - 1.0 - log_r).mean()
