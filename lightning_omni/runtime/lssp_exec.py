@@ -1,0 +1,320 @@
+"""LSSP at run time: one microbatch's encoder work on one group of ranks, as ``plan_lssp`` says.
+
+Short samples run data parallel (each whole on one rank, batched with padding); every long sample
+runs Ulysses sequence parallel over its SP group, each member holding one equal chunk. Three
+exchanges move the data, all planned from metadata every rank has (so no size headers):
+
+1. inputs: each sample's rows go from the rank that owns it to the rank(s) that encode it
+   (an SP sample is padded to ``degree`` equal chunks);
+2. inside each SP group, Ulysses' all-to-alls around every attention layer;
+3. features: the valid output rows go back to the owner through an autograd-aware all-to-all,
+   so the owner's loss sends feature gradients back to the encoding ranks.
+
+The pure part (``build_exec_plan``, ``lssp_actions``, ``plan_encoder_lssp``) imports no torch
+collectives; ``run_lssp_microbatch`` executes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..plan.lssp import DP, SP, LsspPlan, MicrobatchSplit, WorkItem, plan_lssp, sp_degrees
+from ..plan.schedule import Action, Kind, Payload
+from .alltoall import SubgroupCache, all_to_all_rows, default_cache
+from .ulysses import check_sp_heads, pad_length, ulysses_for
+
+
+@dataclass(frozen=True)
+class EncoderCost:
+    """Per-sample encoder price of a token count L: seconds = L*a + L^2*b, activation bytes =
+    L*m1 + L^2*m2, one Ulysses all-to-all round of all layers = L*x seconds."""
+
+    seconds_per_token: float
+    seconds_per_token_pair: float = 0.0
+    bytes_per_token: float = 1.0
+    bytes_per_token_pair: float = 0.0
+    alltoall_seconds_per_token: float = 0.0
+
+    def item(self, sample_id: int, length: int) -> WorkItem:
+        return WorkItem(sample_id,
+                        length * self.seconds_per_token + length**2 * self.seconds_per_token_pair,
+                        length * self.bytes_per_token + length**2 * self.bytes_per_token_pair,
+                        length * self.alltoall_seconds_per_token)
+
+
+def plan_encoder_lssp(lengths: Sequence[Mapping[int, int]], cost: EncoderCost, group_size: int,
+                      heads: int, memory_cap: float) -> LsspPlan:
+    """``plan_lssp`` over token counts (``lengths[m]``: sample id -> tokens of microbatch m),
+    refusing any sample whose activations exceed ``memory_cap`` even at the largest SP degree
+    the group and head count allow."""
+    if heads < 1:
+        raise ValueError(f"heads: expected >= 1, got {heads}")
+    degrees = sp_degrees(group_size, heads)
+    top = degrees[-1]
+    for m, mb in enumerate(lengths):
+        for sid, n in mb.items():
+            if n < 1:
+                raise ValueError(f"lengths[{m}][{sid}]: expected >= 1 token, got {n}")
+            mem = cost.item(sid, n).memory_bytes
+            if mem / top > memory_cap:
+                raise ValueError(
+                    f"sample {sid} (microbatch {m}, {n} tokens): needs {mem:.4g} bytes of encoder "
+                    f"activations, {mem / top:.4g} per rank at the largest SP degree {top} "
+                    f"allowed ({group_size} ranks, {heads} heads); over memory_cap="
+                    f"{memory_cap:.4g}")
+    items = [[cost.item(sid, n) for sid, n in sorted(mb.items())] for mb in lengths]
+    return plan_lssp(items, group_size, heads, memory_cap)
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Rows ``[start, start + rows)`` of one sample moving from ``src`` to ``dst`` (ranks of the
+    group, 0-based)."""
+
+    sample_id: int
+    src: int
+    dst: int
+    start: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class LsspExecPlan:
+    """Everything a rank of the group needs to run one microbatch; identical on every rank."""
+
+    split: MicrobatchSplit
+    lengths: Mapping[int, int]
+    owner: Mapping[int, int]
+    chunk: Mapping[int, int]  # SP sample -> rows per member (after padding)
+    inputs: tuple[Piece, ...]
+    outputs: tuple[Piece, ...]
+
+    @property
+    def group_size(self) -> int:
+        return len(self.split.dp_samples)
+
+    def sends(self, rank: int, pieces: Sequence[Piece]) -> list[Piece]:
+        return sorted((p for p in pieces if p.src == rank),
+                      key=lambda p: (p.dst, p.sample_id, p.start))
+
+    def recvs(self, rank: int, pieces: Sequence[Piece]) -> list[Piece]:
+        return sorted((p for p in pieces if p.dst == rank),
+                      key=lambda p: (p.src, p.sample_id, p.start))
+
+    def splits(self, rank: int, pieces: Sequence[Piece]) -> tuple[list[int], list[int]]:
+        n = self.group_size
+        send, recv = [0] * n, [0] * n
+        for p in pieces:
+            if p.src == rank:
+                send[p.dst] += p.rows
+            if p.dst == rank:
+                recv[p.src] += p.rows
+        return send, recv
+
+
+def build_exec_plan(split: MicrobatchSplit, lengths: Mapping[int, int],
+                    owner: Mapping[int, int]) -> LsspExecPlan:
+    """Who sends which rows to whom for ``split`` (``owner``: sample -> rank holding its input
+    and wanting its features)."""
+    n = len(split.dp_samples)
+    planned = [s for ranks in split.dp_samples for s in ranks] + [g.sample_id
+                                                                  for g in split.sp_groups]
+    if sorted(planned) != sorted(lengths):
+        raise ValueError(f"lengths: expected exactly the split's samples {sorted(planned)}, got "
+                         f"{sorted(lengths)}")
+    for sid in planned:
+        if not 0 <= owner.get(sid, -1) < n:
+            raise ValueError(f"owner[{sid}]: expected a rank in [0, {n}), got {owner.get(sid)}")
+    owner = {sid: owner[sid] for sid in planned}
+    inputs, outputs, chunk = [], [], {}
+    for r, sids in enumerate(split.dp_samples):
+        for sid in sids:
+            inputs.append(Piece(sid, owner[sid], r, 0, lengths[sid]))
+            outputs.append(Piece(sid, r, owner[sid], 0, lengths[sid]))
+    for g in split.sp_groups:
+        c, _ = pad_length(lengths[g.sample_id], len(g.ranks))
+        chunk[g.sample_id] = c
+        for i, r in enumerate(g.ranks):
+            inputs.append(Piece(g.sample_id, owner[g.sample_id], r, i * c, c))
+            valid = max(0, min(c, lengths[g.sample_id] - i * c))
+            outputs.append(Piece(g.sample_id, r, owner[g.sample_id], i * c, valid))
+    return LsspExecPlan(split, dict(lengths), owner, chunk, tuple(inputs), tuple(outputs))
+
+
+def lssp_actions(plan: LsspExecPlan, rank: int, global_ranks: Sequence[int], microbatch: int,
+                 in_row_bytes: int, out_row_bytes: int, hidden_bytes: int, layers: int
+                 ) -> list[Action]:
+    """This rank's forward program for the microbatch in the plan IR: the input all-to-all
+    (SAMPLES), the DP and SP encoder work in phase order (each SP sample's Ulysses all-to-alls
+    as one ALLTOALL per sample over its group, ``counts`` in bytes for all 4 x ``layers``
+    rounds), and the feature all-to-all (FEATURES). ``counts`` are bytes sent to each member."""
+    n = plan.group_size
+    group = tuple(global_ranks)
+
+    def counts(pieces: Sequence[Piece], row_bytes: int) -> tuple[int, ...]:
+        send, _ = plan.splits(rank, pieces)
+        return tuple(s * row_bytes if d != rank else 0 for d, s in enumerate(send))
+
+    split = plan.split
+    total = sum(plan.lengths.values()) or 1
+    out = [Action(Kind.ALLTOALL, microbatch, payload=Payload.SAMPLES, group=group,
+                  counts=counts(plan.inputs, in_row_bytes))]
+    for phase in split.phase_order:
+        if phase == DP and split.dp_samples[rank]:
+            mine = split.dp_samples[rank]
+            out.append(Action(Kind.ENC_FWD, microbatch,
+                              share=sum(plan.lengths[s] for s in mine) / total,
+                              samples=tuple(sorted(mine))))
+        elif phase == SP:
+            for g in split.sp_groups:
+                if rank not in g.ranks:
+                    continue
+                k = len(g.ranks)
+                share = plan.lengths[g.sample_id] / total / k
+                out.append(Action(Kind.ENC_FWD, microbatch, share=share, samples=(g.sample_id,)))
+                per_peer = 4 * layers * plan.chunk[g.sample_id] * hidden_bytes // k
+                members = tuple(group[r] for r in g.ranks)
+                out.append(Action(Kind.ALLTOALL, microbatch, payload=Payload.SP_ATTENTION,
+                                  samples=(g.sample_id,), group=members,
+                                  counts=tuple(0 if r == rank else per_peer for r in g.ranks)))
+    out.append(Action(Kind.ALLTOALL, microbatch, payload=Payload.FEATURES, group=group,
+                      counts=counts(plan.outputs, out_row_bytes)))
+    assert len(out[0].counts) == n
+    return out
+
+
+@dataclass
+class LsspResult:
+    """Features of the samples this rank owns; ``anchor`` is the whole received buffer: add
+    ``anchor.sum() * 0`` to the loss of a rank that may own no features, so that its backward
+    still joins the gradient all-to-all."""
+
+    features: dict[int, torch.Tensor]
+    anchor: torch.Tensor
+    bytes_sent: int
+    sp_samples: int
+    sp_degrees: tuple[int, ...]
+
+
+EncoderFn = Callable[..., torch.Tensor]
+
+
+def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
+                        inputs: Mapping[int, torch.Tensor], global_ranks: Sequence[int],
+                        cache: SubgroupCache | None = None, backend: str = "auto"
+                        ) -> LsspResult:
+    """Run the microbatch's encoder work on this rank (see the module docstring).
+
+    ``encoder(x [B, L, in], lengths [B]) -> [B, L, out]`` must treat tokens independently
+    except in attention and accept ``attention=`` (``TokenEncoder`` does); ``inputs`` holds the
+    ``[L, in]`` rows of the samples this rank owns. Every rank of the group calls this with the
+    same plan.
+    """
+    cache = cache or default_cache()
+    me = dist.get_rank()
+    if me not in global_ranks:
+        raise ValueError(f"global_ranks: this rank ({me}) is not in {tuple(global_ranks)}")
+    rank = list(global_ranks).index(me)
+    group = cache.get(global_ranks)
+    heads = getattr(encoder, "heads", None)
+    for g in plan.split.sp_groups:
+        if heads is not None:
+            check_sp_heads(heads, len(g.ranks), f"encoder (sample {g.sample_id})")
+    for sid, o in plan.owner.items():
+        if o == rank and sid not in inputs:
+            raise ValueError(f"inputs: this rank owns sample {sid} but its rows are missing")
+    ref = next(iter(inputs.values()), None)
+    param = next(encoder.parameters())
+    in_dim = ref.shape[1] if ref is not None else encoder.in_dim
+    dtype = ref.dtype if ref is not None else param.dtype
+
+    # 1. inputs to the encoding ranks (data: no gradient)
+    sends = plan.sends(rank, plan.inputs)
+    rows = []
+    for p in sends:
+        x = inputs[p.sample_id]
+        if x.shape[0] != plan.lengths[p.sample_id]:
+            raise ValueError(f"inputs[{p.sample_id}]: expected {plan.lengths[p.sample_id]} rows "
+                             f"(the planned length), got {x.shape[0]}")
+        end = p.start + p.rows
+        if end > x.shape[0]:  # the last SP chunks carry padding
+            x = torch.nn.functional.pad(x, (0, 0, 0, end - x.shape[0]))
+        rows.append(x[p.start:end])
+    buf = torch.cat(rows) if rows else torch.zeros(0, in_dim, dtype=dtype)
+    send_split, recv_split = plan.splits(rank, plan.inputs)
+    got = all_to_all_rows(buf, send_split, recv_split, group, differentiable=False)
+    recvd = plan.recvs(rank, plan.inputs)
+    pieces = dict(zip(((p.sample_id, p.start) for p in recvd),
+                      got.split([p.rows for p in recvd]), strict=True))
+    bytes_sent = sum(s for d, s in enumerate(send_split) if d != rank) * in_dim * got.element_size()
+
+    # 2. encoder work in the planned phase order
+    outs: dict[tuple[int, int], torch.Tensor] = {}
+    split = plan.split
+    degrees = []
+    for phase in split.phase_order:
+        if phase == DP:
+            mine = split.dp_samples[rank]
+            feats = encoder_many(encoder, [pieces[(s, 0)] for s in mine])
+            outs.update(((s, 0), f) for s, f in zip(mine, feats, strict=True))
+        else:
+            for g in split.sp_groups:
+                if rank not in g.ranks:
+                    continue
+                i = g.ranks.index(rank)
+                c, length = plan.chunk[g.sample_id], plan.lengths[g.sample_id]
+                pg = cache.get(tuple(global_ranks[r] for r in g.ranks))
+                att = ulysses_for(pg, causal=getattr(encoder, "causal", False), backend=backend)
+
+                def attention(q, k, v, att=att, length=length):
+                    return att(q, k, v, valid_length=length)
+
+                x = pieces[(g.sample_id, i * c)]
+                valid = max(0, min(c, length - i * c))
+                y = encoder(x[None], None, attention=attention)[0]
+                outs[(g.sample_id, i * c)] = y[:valid]
+                degrees.append(len(g.ranks))
+
+    # 3. features back to the owners (autograd: the owners' gradients come back here)
+    sends = plan.sends(rank, plan.outputs)
+    send_split, recv_split = plan.splits(rank, plan.outputs)
+    if sends:
+        buf = torch.cat([outs[(p.sample_id, p.start)] for p in sends])
+    else:  # keep this rank in the backward all-to-all even when it sends nothing
+        out_dim = encoder.out_dim
+        buf = param.reshape(-1)[:0].reshape(0, 1).expand(0, out_dim)
+    got = all_to_all_rows(buf, send_split, recv_split, group)
+    bytes_sent += sum(s for d, s in enumerate(send_split) if d != rank) * buf.shape[1] * \
+        got.element_size()
+    recvd = plan.recvs(rank, plan.outputs)
+    parts: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    for p, t in zip(recvd, got.split([p.rows for p in recvd]), strict=True):
+        parts.setdefault(p.sample_id, []).append((p.start, t))
+    features = {sid: torch.cat([t for _, t in sorted(ps, key=lambda x: x[0])])
+                for sid, ps in parts.items()}
+    return LsspResult(features, got, bytes_sent, len(degrees), tuple(degrees))
+
+
+def encoder_many(encoder: torch.nn.Module, samples: Sequence[torch.Tensor]
+                 ) -> list[torch.Tensor]:
+    """Encode variable-length samples as one padded batch; the valid rows of each."""
+    if not samples:
+        return []
+    lengths = torch.tensor([s.shape[0] for s in samples])
+    batch = torch.nn.utils.rnn.pad_sequence(list(samples), batch_first=True)
+    out = encoder(batch, lengths)
+    keep = torch.arange(batch.shape[1])[None, :] < lengths[:, None]
+    return list(out[keep].split(lengths.tolist()))
+
+
+def lssp_metrics(plan: LsspPlan) -> dict[str, float]:
+    """Long samples and SP degrees of a step's plan, for logging."""
+    degrees = [len(g.ranks) for mb in plan.microbatches for g in mb.sp_groups]
+    return {"lssp/long_samples": float(len(degrees)),
+            "lssp/sp_degree_max": float(max(degrees, default=1)),
+            "lssp/sp_degree_mean": float(sum(degrees) / len(degrees)) if degrees else 1.0,
+            "lssp/mode_switches": float(plan.mode_switches)}
