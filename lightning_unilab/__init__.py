@@ -31,6 +31,13 @@ from lightning_unilab.vector_env import StepBuffers, TaskVectorEnv  # noqa: E402
 
 __all__ = ["BatchEnvPool", "STATUS_ERROR", "StepBuffers", "TaskVectorEnv", "describe_status"]
 
+try:  # gymnasium is optional: with it, the tasks are registered as omnilab/<name>
+    from lightning_unilab.registration import register_envs as _register_envs
+except ImportError:  # pragma: no cover - depends on the installation
+    pass
+else:
+    _register_envs()
+
 
 def __getattr__(name: str):
     # the gymnasium adapter imports gymnasium, an optional dependency: load it on first use

@@ -243,6 +243,15 @@ class TaskVectorEnv:
         return self.pool.model
 
     @property
+    def episode_steps(self) -> np.ndarray:
+        """Live (num_envs,) int32 steps taken in each env's current episode; writable, e.g. to
+        start episodes at random points of the time limit."""
+        self._check_open()
+        if self._core is not None:
+            return self._core.episode_steps()
+        return self._length
+
+    @property
     def memory(self) -> np.ndarray:
         """Live (num_envs, memory_size) task memory (commands, last actions ...)."""
         return self._memory
