@@ -1,0 +1,308 @@
+"""The collector process: a TaskVectorEnv and a CPU copy of the actor, filling ring slots.
+
+    collector = Collector(CollectorConfig("InvertedPendulum-v5", num_envs=64, horizon=32), policy)
+    collector.start()                        # spawns the process, returns once it is stepping
+    slot, wait_s = collector.acquire()       # oldest ready rollout (raises if the process died)
+    batch = as_tensors(collector.ring.arrays(slot), wait_s)
+    ...; collector.release(slot)
+    collector.publish(policy)                # new weights; the collector loads them next rollout
+    collector.stop()                         # joins the process, unlinks the shared memory
+
+The process is started with ``spawn`` (no forked torch/OpenMP state). Before each rollout it loads
+the newest published weights (a version-word check, a copy only when it moved); in ``sync`` mode
+it first waits until the weights of the update on its previous rollout are published: the
+synchronous PPO baseline, sharing every other line with the asynchronous mode.
+
+Faults: an exception in the process is sent back with its traceback and re-raised in the learner
+as :class:`CollectorError` by the next ``acquire`` (whose wait checks the process every 50 ms),
+so a dead collector never hangs the learner. The collector checks its parent's pid between
+rollouts and in every wait; when the learner is gone (even SIGKILLed) it unlinks the ring and
+the weight board itself and exits.
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import time
+import traceback
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from multiprocessing import shared_memory
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_unilab.ring import Ring, RingHandle, unlink_shm
+from lightning_unilab.rollout import RolloutSpec, RolloutState, collect
+from lightning_unilab.weights import BoardHandle, WeightBoard
+
+__all__ = ["Collector", "CollectorConfig", "CollectorError", "MODES", "available_cpus"]
+
+MODES = ("async", "sync")
+
+
+class CollectorError(RuntimeError):
+    """The collector process failed; the message carries its traceback."""
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    """What the collector process builds: the env, its threads, seed and mode."""
+
+    task: str
+    num_envs: int
+    horizon: int
+    task_kwargs: Mapping[str, Any] = field(default_factory=dict)  # TaskVectorEnv keywords
+    threads: int = 1
+    seed: int = 0
+    mode: str = "async"
+    counters: Mapping[str, Any] | None = None  # RolloutState counters to resume from
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {self.mode!r}")
+        cpus = available_cpus()
+        if not isinstance(self.threads, int) or self.threads < 1 or self.threads > cpus:
+            raise ValueError(f"collector threads: expected 1..{cpus} (the CPUs this process may "
+                             f"use), got {self.threads!r}; lower the collector's threads")
+        for name in ("num_envs", "horizon"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        bad = {"num_threads", "autoreset", "seed", "copy"} & set(self.task_kwargs)
+        if bad:
+            raise ValueError(f"task_kwargs: {sorted(bad)} are set by the collector; use its "
+                             "threads/seed arguments")
+
+    def make_env(self, num_envs: int | None = None, threads: int | None = None) -> Any:
+        from lightning_unilab.vector_env import TaskVectorEnv
+
+        return TaskVectorEnv(self.task, num_envs or self.num_envs, threads or self.threads,
+                             seed=self.seed, **dict(self.task_kwargs))
+
+
+class _ParentGone(Exception):
+    pass
+
+
+def _main(config: CollectorConfig, ring_handle: RingHandle, board_handle: BoardHandle,
+          policy_bytes: bytes, parent_pid: int, conn: Any) -> None:
+    """Body of the collector process."""
+    # the learner decides when we stop; Ctrl+C in a terminal reaches the whole process group
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ring = board = env = None
+
+    def alive() -> None:
+        if os.getppid() != parent_pid:
+            raise _ParentGone
+
+    try:
+        torch.set_num_threads(config.threads)
+        ring = Ring.attach(ring_handle)
+        board = WeightBoard.attach(board_handle)
+        policy = pickle.loads(policy_bytes)
+        policy.eval()
+        env = config.make_env()
+        state = RolloutState.start(env, seed=config.seed)
+        if config.counters:
+            state.load_counters(dict(config.counters))
+        state.policy_version = board.read_into(policy)
+        conn.send(("ready", None))
+        used: int | None = None  # weights version of the previous rollout
+        while not ring.closed:
+            alive()
+            if config.mode == "sync" and used is not None:
+                if not board.wait_for(used + 1, alive=alive, stop=lambda: ring.closed):
+                    break
+            if board.version != state.policy_version:
+                state.policy_version = board.read_into(policy)
+            slot = ring.acquire_write(alive=alive)
+            if slot is None:
+                break
+            collect(env, policy, ring.arrays(slot), state)
+            ring.commit(slot, state.seq - 1, state.policy_version, state.env_steps)
+            used = state.policy_version
+    except _ParentGone:
+        # nobody else will remove the shared memory now
+        for handle in (ring_handle, board_handle):
+            _unlink_name(handle.name)
+    except BaseException:
+        try:
+            conn.send(("error", traceback.format_exc()))
+        finally:
+            os._exit(1)
+    finally:
+        if env is not None:
+            env.close()
+        for obj in (ring, board):
+            if obj is not None:
+                obj.close()
+
+
+def _unlink_name(name: str) -> None:
+    try:
+        shm = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return
+    shm.close()
+    unlink_shm(shm)
+
+
+def _stop(proc: Any, ring: Ring, board: WeightBoard, timeout: float) -> None:
+    """Shut the ring, join or kill the process, unlink both blocks (finalizer-safe)."""
+    try:
+        if proc is not None and proc.pid is not None:  # started
+            ring.shut()
+            proc.join(timeout)
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join(timeout)
+    finally:
+        for obj in (ring, board):
+            obj.close()
+            obj.unlink()
+
+
+class Collector:
+    """Owns the collector process, its ring and its weight board (learner side).
+
+    Args:
+        config: env, threads, seed, mode of the process.
+        policy: the learner's ActorCritic (any device): a CPU copy acts in the process, and its
+            sizes must match the task's.
+        num_slots, writer_policy: of the ring (see :mod:`lightning_unilab.ring`).
+        spec: the rollout spec if already known (else one env is built here to read the sizes).
+    """
+
+    def __init__(self, config: CollectorConfig, policy: nn.Module, num_slots: int = 4,
+                 writer_policy: str = "block", spec: RolloutSpec | None = None) -> None:
+        config.check()
+        if spec is None:
+            env = config.make_env(num_envs=1, threads=1)
+            spec = RolloutSpec.from_env(env, config.horizon)
+            env.close()
+        spec = RolloutSpec(config.num_envs, config.horizon, spec.obs_size, spec.critic_size,
+                           spec.action_size)
+        check_policy(policy, spec, config.task)
+        Ring.check_config(spec, num_slots, writer_policy)
+        self.config, self.spec = config, spec
+        actor = copy.deepcopy(policy).cpu().float()
+        self._policy_bytes = pickle.dumps(actor)
+        self.ring = Ring.create(spec, num_slots, writer_policy)
+        try:
+            self.board = WeightBoard.create(actor)
+        except BaseException:
+            self.ring.close()
+            self.ring.unlink()
+            raise
+        self.version = 0
+        self._proc: Any = None
+        self._conn: Any = None
+        self._error: str | None = None
+        self._finalizer = weakref.finalize(self, _stop, None, self.ring, self.board, 1.0)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, timeout: float = 300.0) -> None:
+        """Spawn the process and wait until it has built its env and stepped into its loop."""
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=False)
+        self._conn = parent
+        self._proc = ctx.Process(
+            target=_main, name=f"omnilab-collector-{self.config.seed}", daemon=True,
+            args=(self.config, self.ring.handle, self.board.handle, self._policy_bytes,
+                  os.getpid(), child))
+        self._proc.start()
+        child.close()
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _stop, self._proc, self.ring, self.board, 5.0)
+        deadline = time.monotonic() + timeout
+        try:
+            while not parent.poll(0.05):
+                self.check()
+                if time.monotonic() > deadline:
+                    raise CollectorError(f"the collector did not start within {timeout:.0f} s")
+            try:
+                kind, payload = parent.recv()
+            except EOFError:  # it died before saying anything
+                kind, payload = "eof", None
+            if kind != "ready":
+                self._error = payload
+                self._proc.join(5.0)
+                self.check()
+                raise CollectorError(f"the collector process failed to start ({kind})")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the process (join, else kill) and remove the shared memory; idempotent."""
+        self._finalizer.detach()
+        _stop(self._proc, self.ring, self.board, timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.exitcode is None
+
+    def check(self) -> None:
+        """Raise :class:`CollectorError` (with the process's traceback) if it has died."""
+        if self._proc is None or self._proc.exitcode is None and self._error is None:
+            return
+        if self._error is None and self._conn is not None and self._conn.poll():
+            try:
+                kind, payload = self._conn.recv()
+                if kind == "error":
+                    self._error = payload
+            except (EOFError, OSError):
+                pass
+        code = self._proc.exitcode
+        how = (f"was killed by signal {-code}" if code is not None and code < 0
+               else f"exited with code {code}")
+        detail = (f":\n{self._error}" if self._error
+                  else " (no traceback: it did not get to send one)")
+        raise CollectorError(f"the collector process {how}{detail}")
+
+    # ------------------------------------------------------------------ data and weights
+
+    def acquire(self, timeout: float | None = None) -> tuple[int | None, float]:
+        """(slot, seconds waited): the oldest ready rollout; slot None on timeout or stop."""
+        start = time.perf_counter()
+        slot = self.ring.acquire_read(timeout=timeout, alive=self.check)
+        if slot is None:
+            self.check()
+        return slot, time.perf_counter() - start
+
+    def release(self, slot: int) -> None:
+        self.ring.release(slot)
+
+    def publish(self, policy: nn.Module) -> int:
+        """Publish ``policy``'s weights as the next version; returns it."""
+        self.version += 1
+        self.board.publish(policy, self.version)
+        return self.version
+
+
+def check_policy(policy: Any, spec: RolloutSpec, task: str) -> None:
+    """The policy's (obs, critic, action) sizes must be the task's (where it declares them)."""
+    for name in ("obs_size", "critic_size", "action_size"):
+        have = getattr(policy, name, None)
+        want = getattr(spec, name)
+        if have is not None and have != want:
+            raise ValueError(f"policy.{name}: the network takes {have} but task {task!r} has "
+                             f"{want}; build the policy from the data module's env_spec")
+    if not callable(getattr(policy, "act", None)):
+        raise TypeError(f"policy: expected a module with act(obs) (an ActorCritic), got "
+                        f"{type(policy).__name__}")

@@ -1,0 +1,266 @@
+"""RolloutDataModule: rollouts from a collector process as an ordinary Lightning DataLoader.
+
+    dm = RolloutDataModule("InvertedPendulum-v5", num_envs=64, horizon=32)
+    module = APPOModule(...)        # builds its ActorCritic from dm.env_spec in setup()
+    Trainer(max_steps=500).fit(module, datamodule=dm)
+
+Contract with the LightningModule: it has an attribute ``policy`` (an ActorCritic, built in its
+``setup``) and calls ``trainer.datamodule.publish_policy(policy)`` after each update. Each batch
+is one ring slot in the :mod:`lightning_unilab.rollout` format (``as_tensors``: tensors plus a
+``"stats"`` dict), one training step per rollout.
+
+Lifecycle: ``train_dataloader()`` (called after the module's setup) starts the collector with a
+CPU copy of ``trainer.lightning_module.policy``; ``teardown`` stops it and removes the shared
+memory; so does ``on_exception`` (also KeyboardInterrupt), and a finalizer at interpreter exit.
+Under DDP every rank runs its own collector and ring with seed ``seed + global_rank``.
+
+Zero copy and Lightning's prefetch: Lightning asks for batch i+1 before it runs training_step(i),
+so a slot is released only when batch i+2 is requested (two slots held at most; ``num_slots``
+must leave the writer at least one more). ``zero_copy=False`` copies each slot into private
+tensors and releases it at once (cost in ``ring_copy_ms``).
+
+Synchronous mode: the collector waits for the weights of the update on its previous rollout, so
+batch i+1 cannot exist before training_step(i) ran. The stream then yields a placeholder mapping
+that fetches its slot on first access (when Lightning moves batch i to the device, after step
+i-1): prefetching cannot deadlock and both modes share the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_unilab.collector import Collector, CollectorConfig
+from lightning_unilab.ring import Ring
+from lightning_unilab.rollout import RolloutSpec, as_tensors
+
+__all__ = ["EnvSpec", "RolloutDataModule"]
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Sizes the learner builds its networks from."""
+
+    obs_size: int
+    critic_size: int
+    action_size: int
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+class _DeferredBatch(Mapping):
+    """A batch fetched on first access (sync mode); rebuilt from a mapping it is a plain dict."""
+
+    def __new__(cls, data: Mapping | None = None, fetch: Callable[[], dict] | None = None):
+        if data is not None:  # Lightning's apply_to_collection rebuilds mappings this way
+            return dict(data)
+        return super().__new__(cls)
+
+    def __init__(self, data: Mapping | None = None,
+                 fetch: Callable[[], dict] | None = None) -> None:
+        self._fetch = fetch
+        self._data: dict | None = None
+
+    def _get(self) -> dict:
+        if self._data is None:
+            assert self._fetch is not None
+            self._data, self._fetch = self._fetch(), None
+        return self._data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+class _RolloutStream(IterableDataset):
+    def __init__(self, dm: RolloutDataModule) -> None:
+        self.dm = dm
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        return self.dm._stream()
+
+
+class RolloutDataModule(pl.LightningDataModule):
+    """Rollouts of a TaskVectorEnv collected in a separate process, one slot per batch.
+
+    Args:
+        task: task name (``lightning_unilab.tasks.task_names()``).
+        num_envs, horizon: N envs x T steps per rollout.
+        task_kwargs: further TaskVectorEnv keywords (``params``, ``nonfinite``, ...).
+        num_slots: ring slots (>= 3 with zero_copy: two may be held by the learner).
+        writer_policy: "block" (default) or "overwrite_oldest".
+        mode: "async" (APPO) or "sync" (the collector waits for the latest weights: PPO).
+        collector_threads: CPU threads of the collector (env pool and actor).
+        seed: env seed of rank 0; rank r uses seed + r.
+        zero_copy: yield views of the slot (True) or private copies.
+        start_timeout: seconds the collector may take to build its env.
+    """
+
+    def __init__(
+        self,
+        task: str = "InvertedPendulum-v5",
+        num_envs: int = 64,
+        horizon: int = 32,
+        task_kwargs: dict[str, Any] | None = None,
+        num_slots: int = 4,
+        writer_policy: str = "block",
+        mode: str = "async",
+        collector_threads: int = 1,
+        seed: int = 0,
+        zero_copy: bool = True,
+        start_timeout: float = 300.0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.task = task
+        self.config = CollectorConfig(task, num_envs, horizon, dict(task_kwargs or {}),
+                                      collector_threads, seed, mode)
+        self.config.check()
+        from lightning_unilab import tasks
+
+        if task not in tasks.task_names():
+            raise ValueError(f"task: expected one of {tasks.task_names()}, got {task!r}")
+        if zero_copy and num_slots < 3:
+            raise ValueError(f"num_slots: zero_copy holds two slots while Lightning prefetches; "
+                             f"expected >= 3, got {num_slots} (or set zero_copy=False)")
+        self.num_slots, self.writer_policy = num_slots, writer_policy
+        self.zero_copy = zero_copy
+        self.start_timeout = start_timeout
+        self._spec: RolloutSpec | None = None
+        self.collector: Collector | None = None
+        self.counters: dict[str, Any] = {}  # of the latest slot read (checkpointed)
+        self.policy_version = 0
+        self.slots_read = 0
+        self.ring_copy_s = 0.0  # time spent turning slots into tensors (copies, if any)
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def rollout_spec(self) -> RolloutSpec:
+        """The batch layout (builds one env here, once, to read the task's sizes)."""
+        if self._spec is None:
+            env = self.config.make_env(num_envs=1, threads=1)
+            try:
+                self._spec = RolloutSpec.from_env(env, self.config.horizon)
+            finally:
+                env.close()
+            self._spec = RolloutSpec(self.config.num_envs, self.config.horizon,
+                                     self._spec.obs_size, self._spec.critic_size,
+                                     self._spec.action_size)
+            Ring.check_config(self._spec, self.num_slots, self.writer_policy)
+        return self._spec
+
+    @property
+    def env_spec(self) -> EnvSpec:
+        spec = self.rollout_spec
+        return EnvSpec(spec.obs_size, spec.critic_size, spec.action_size)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def setup(self, stage: str) -> None:
+        self.rollout_spec  # noqa: B018 - fail on impossible configs before anything starts
+
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        module = trainer.lightning_module if trainer is not None else None
+        policy = getattr(module, "policy", None)
+        if policy is None:
+            raise RuntimeError("RolloutDataModule: the LightningModule has no `policy` yet; build "
+                               "it in the module's setup() from datamodule.env_spec")
+        rank = trainer.global_rank if trainer is not None else 0
+        self.stop_collector()
+        config = CollectorConfig(**{**self.config.__dict__, "seed": self.config.seed + rank,
+                                    "counters": self.counters or None})
+        self.collector = Collector(config, policy, self.num_slots, self.writer_policy,
+                                   spec=self.rollout_spec)
+        try:
+            self.collector.start(self.start_timeout)
+            if self.policy_version:  # resumed: continue the version numbers
+                self.collector.version = self.policy_version
+                self.collector.publish(policy)
+                self.policy_version = self.collector.version
+        except BaseException:
+            self.stop_collector()
+            raise
+        return DataLoader(_RolloutStream(self), batch_size=None, collate_fn=_identity)
+
+    def publish_policy(self, policy: torch.nn.Module) -> int:
+        """Make ``policy``'s weights (and normalizer) the collector's; returns the version."""
+        if self.collector is None:
+            raise RuntimeError("publish_policy: no collector is running (train_dataloader() "
+                               "starts it)")
+        self.policy_version = self.collector.publish(policy)
+        return self.policy_version
+
+    def stop_collector(self) -> None:
+        if self.collector is not None:
+            collector, self.collector = self.collector, None
+            collector.stop()
+
+    def teardown(self, stage: str) -> None:
+        self.stop_collector()
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.stop_collector()
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"counters": dict(self.counters), "policy_version": self.policy_version,
+                "slots_read": self.slots_read}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.counters = dict(state_dict.get("counters", {}))
+        self.policy_version = int(state_dict.get("policy_version", 0))
+        self.slots_read = int(state_dict.get("slots_read", 0))
+
+    # ------------------------------------------------------------------ the stream
+
+    def _stream(self) -> Iterator[Mapping[str, Any]]:
+        held: deque[int] = deque()
+        sync = self.config.mode == "sync"
+        while True:
+            if sync:  # fetched when Lightning first touches it, after the previous step
+                yield _DeferredBatch(fetch=lambda: self._next(held, hold=0))
+            else:  # fetched now, while the previous batch may still be in training_step
+                yield self._next(held, hold=1)
+
+    def _next(self, held: deque[int], hold: int) -> dict[str, Any]:
+        collector = self.collector
+        if collector is None:
+            raise RuntimeError("RolloutDataModule: the collector is not running")
+        while len(held) > hold:
+            collector.release(held.popleft())
+        slot, wait_s = collector.acquire()
+        if slot is None:
+            raise RuntimeError("RolloutDataModule: the collector was stopped")
+        start = time.perf_counter()
+        arrays = collector.ring.arrays(slot)
+        batch = as_tensors(arrays, wait_s)
+        if self.zero_copy:
+            held.append(slot)
+        else:
+            batch = {k: v.clone() if isinstance(v, torch.Tensor) else v
+                     for k, v in batch.items()}
+            collector.release(slot)
+        self.ring_copy_s += time.perf_counter() - start
+        self.slots_read += 1
+        self.counters = {"seq": int(arrays["seq"]) + 1, "env_steps": int(arrays["env_steps"]),
+                         "episodes_total": int(arrays["episodes_total"]),
+                         "recent_return_mean": float(arrays["recent_return_mean"]),
+                         "recent_length_mean": float(arrays["recent_length_mean"])}
+        return batch
