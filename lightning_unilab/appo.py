@@ -1,0 +1,497 @@
+"""APPOModule: asynchronous PPO with V-trace as a LightningModule (manual optimization).
+
+One ``training_step`` is one rollout slot from the data module ([T, N] time-major, see
+:mod:`lightning_unilab.rollout`): V-trace targets and advantages, then ``epochs x minibatches``
+PPO-clip steps, then the observation statistics and the new weights go to the collector. The
+same code runs synchronous PPO (the collector waits for each new version, so the data is
+on-policy and V-trace reduces to GAE) and asynchronous APPO (the collector runs ahead on
+slightly older weights; V-trace and the behaviour ratio correct for it). The losses, term by
+term, are in docs/unilab/appo.md.
+
+Manual optimization because one batch takes many optimizer steps with an adaptive learning rate
+between them, which Lightning's automatic loop (one step per batch) does not express.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torchmetrics.aggregation import RunningMean
+
+from lightning_unilab.losses import (
+    RATIO_FORMS,
+    approx_kl,
+    clipped_value_loss,
+    gaussian_entropy,
+    gaussian_kl,
+    policy_ratio,
+    ppo_surrogate,
+)
+from lightning_unilab.policy import ActorCritic
+from lightning_unilab.returns import bootstrap_truncated, episode_discounts, vtrace
+
+__all__ = ["APPOModule", "PreparedSlot", "adapted_lr"]
+
+_BATCH_KEYS = ("obs", "critic_obs", "actions", "behaviour_logp", "behaviour_mean",
+               "behaviour_log_std", "rewards", "terminated", "truncated", "final_critic_obs",
+               "last_critic_obs")
+
+
+_TERMS = ("loss", "policy_loss", "value_loss", "entropy", "kl", "approx_kl", "clip_fraction")
+
+
+@dataclass
+class PreparedSlot:
+    """One slot flattened to B = T*N samples, with everything the minibatch losses need."""
+
+    obs: Tensor  # [B, obs]
+    critic_obs: Tensor  # [B, critic]
+    actions: Tensor  # [B, act]
+    behaviour_logp: Tensor  # [B]
+    target_logp: Tensor  # [B] log-prob under the target (pre-update or target-network) policy
+    old_mean: Tensor  # [B, act] pre-update policy: the KL reference of the adaptive lr
+    old_log_std: Tensor  # [B, act]
+    old_values: Tensor  # [B] values the targets were computed with (value clipping)
+    returns: Tensor  # [B] V-trace targets
+    advantages: Tensor  # [B] (normalized if asked)
+    behaviour_kl: float  # KL(behaviour || pre-update policy): how off-policy the slot is
+
+    @property
+    def size(self) -> int:
+        return self.obs.shape[0]
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    return value
+
+
+def _in_range(name: str, value: Any, low: float, high: float, low_open: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = (low < value if low_open else low <= value) and value <= high
+    if not ok:
+        bound = "(" if low_open else "["
+        raise ValueError(f"{name}: expected a number in {bound}{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def adapted_lr(lr: float, kl: float, desired_kl: float, lr_min: float, lr_max: float) -> float:
+    """rsl_rl's KL-target schedule: /1.5 above 2x the target, x1.5 below half, kept in bounds."""
+    if kl > 2.0 * desired_kl:
+        return max(lr_min, lr / 1.5)
+    if kl < 0.5 * desired_kl:
+        return min(lr_max, lr * 1.5)
+    return lr
+
+
+class APPOModule(pl.LightningModule):
+    """Actor-critic trained with PPO-clip on V-trace targets, one rollout slot per step.
+
+    Args:
+        actor_hidden, critic_hidden, activation, init_log_std, normalize_obs: the
+            :class:`ActorCritic` built in ``setup`` from the data module's ``env_spec``.
+        obs_size, critic_size, action_size: optional; if given they must match the task.
+        policy: a ready :class:`ActorCritic` to train instead of building one.
+        gamma: discount. gae_lambda: the lambda of V-trace (GAE when on-policy).
+        rho_bar, c_bar: V-trace clips of the IS weights in the TD errors and the traces.
+        clip_ratio: PPO clip epsilon. ratio_form: "behaviour" (pi / mu) or "impact"
+            (pi / max(mu, pi_target)).
+        value_clip: clip of the value change in the value loss (None: plain MSE).
+        value_loss_coef, entropy_coef: weights of the value loss and entropy bonus.
+        lr: Adam learning rate (the start value when adaptive). adaptive_lr: rsl_rl-style
+            schedule on ``desired_kl``: lr /= 1.5 when KL > 2 * target, lr *= 1.5 when
+            KL < target / 2, kept in [lr_min, lr_max]; KL of the pre-update policy to the current.
+        epochs, minibatches: passes over the slot and minibatches per pass.
+        max_grad_norm: global gradient-norm clip (None: off).
+        max_policy_lag: skip slots whose weights are more than this many updates old (None: off).
+        target_network: keep an IMPACT target policy (updated every ``target_update_interval``
+            slots by Polyak averaging with ``target_tau``); off: the target is the pre-update
+            policy of each slot.
+        normalize_advantages: z-score advantages over the slot.
+    """
+
+    def __init__(
+        self,
+        actor_hidden: Sequence[int] = (512, 256, 128),
+        critic_hidden: Sequence[int] = (512, 256, 128),
+        activation: str = "elu",
+        init_log_std: float = 0.0,
+        normalize_obs: bool = True,
+        obs_size: int | None = None,
+        critic_size: int | None = None,
+        action_size: int | None = None,
+        policy: ActorCritic | None = None,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        rho_bar: float = 1.0,
+        c_bar: float = 1.0,
+        clip_ratio: float = 0.2,
+        ratio_form: str = "behaviour",
+        value_clip: float | None = 0.2,
+        value_loss_coef: float = 1.0,
+        entropy_coef: float = 0.01,
+        lr: float = 1e-3,
+        adaptive_lr: bool = True,
+        desired_kl: float = 0.01,
+        lr_min: float = 1e-5,
+        lr_max: float = 1e-2,
+        epochs: int = 5,
+        minibatches: int = 4,
+        max_grad_norm: float | None = 1.0,
+        max_policy_lag: int | None = None,
+        target_network: bool = False,
+        target_update_interval: int = 1,
+        target_tau: float = 1.0,
+        normalize_advantages: bool = True,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["policy"])
+        _in_range("gamma", gamma, 0.0, 1.0)
+        _in_range("gae_lambda", gae_lambda, 0.0, 1.0)
+        _in_range("rho_bar", rho_bar, 0.0, math.inf, low_open=True)
+        _in_range("c_bar", c_bar, 0.0, math.inf, low_open=True)
+        _in_range("clip_ratio", clip_ratio, 0.0, 1.0, low_open=True)
+        if ratio_form not in RATIO_FORMS:
+            raise ValueError(f"ratio_form: expected one of {RATIO_FORMS}, got {ratio_form!r}")
+        if value_clip is not None:
+            _in_range("value_clip", value_clip, 0.0, math.inf, low_open=True)
+        _in_range("value_loss_coef", value_loss_coef, 0.0, math.inf)
+        _in_range("entropy_coef", entropy_coef, 0.0, math.inf)
+        _in_range("lr", lr, 0.0, math.inf, low_open=True)
+        if adaptive_lr:
+            _in_range("desired_kl", desired_kl, 0.0, math.inf, low_open=True)
+            _in_range("lr_min", lr_min, 0.0, math.inf, low_open=True)
+            _in_range("lr_max", lr_max, lr_min, math.inf)
+        _positive_int("epochs", epochs)
+        _positive_int("minibatches", minibatches)
+        if max_grad_norm is not None:
+            _in_range("max_grad_norm", max_grad_norm, 0.0, math.inf, low_open=True)
+        if max_policy_lag is not None and (not isinstance(max_policy_lag, int)
+                                           or isinstance(max_policy_lag, bool)
+                                           or max_policy_lag < 0):
+            raise ValueError(f"max_policy_lag: expected an int >= 0 or None, got "
+                             f"{max_policy_lag!r}")
+        _positive_int("target_update_interval", target_update_interval)
+        _in_range("target_tau", target_tau, 0.0, 1.0, low_open=True)
+        for name, value in (("obs_size", obs_size), ("critic_size", critic_size),
+                            ("action_size", action_size)):
+            if value is not None:
+                _positive_int(name, value)
+        if policy is not None and not isinstance(policy, ActorCritic):
+            raise TypeError(f"policy: expected an ActorCritic or None, got "
+                            f"{type(policy).__name__}")
+        self.automatic_optimization = False
+        self.policy: ActorCritic | None = policy
+        self.policy_version = 0  # updates done (= versions published after the first)
+        self.skipped_slots = 0
+        # kept out of the module tree: not trained, not in DDP's parameters, saved by hand
+        self._target: list[ActorCritic] = []
+        self.return_mean = RunningMean(window=10, sync_on_compute=False)
+        self.length_mean = RunningMean(window=10, sync_on_compute=False)
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self, stage: str) -> None:
+        sizes = self._task_sizes()
+        if self.policy is None:
+            if sizes is None:
+                sizes = self._explicit_sizes()
+            self.policy = self._build_policy(sizes)
+        elif sizes is not None:
+            have = (self.policy.obs_size, self.policy.critic_size, self.policy.action_size)
+            if have != sizes:
+                raise ValueError(f"policy: its (obs, critic, action) sizes {have} do not match "
+                                 f"the task's {sizes}")
+
+    def _build_policy(self, sizes: tuple[int, ...]) -> ActorCritic:
+        hp = self.hparams
+        return ActorCritic(*sizes, actor_hidden=tuple(hp.actor_hidden),
+                           critic_hidden=tuple(hp.critic_hidden), activation=hp.activation,
+                           init_log_std=hp.init_log_std, normalize_obs=hp.normalize_obs)
+
+    def _explicit_sizes(self) -> tuple[int, int, int]:
+        hp = self.hparams
+        if hp.obs_size is None or hp.action_size is None:
+            raise ValueError("obs_size, action_size: no data module with an env_spec to take them "
+                             "from; pass them (and critic_size if it differs) or a policy")
+        return hp.obs_size, hp.critic_size or hp.obs_size, hp.action_size
+
+    def _task_sizes(self) -> tuple[int, int, int] | None:
+        """(obs, critic, action) sizes of the data module's task, checked against explicit ones."""
+        trainer = self._trainer
+        dm = getattr(trainer, "datamodule", None) if trainer is not None else None
+        spec = getattr(dm, "env_spec", None)
+        if spec is None:
+            return None
+        task = (int(spec.obs_size), int(spec.critic_size or spec.obs_size),
+                int(spec.action_size))
+        hp = self.hparams
+        given = (hp.obs_size, hp.critic_size, hp.action_size)
+        for name, want, got in zip(("obs_size", "critic_size", "action_size"), task, given,
+                                   strict=True):
+            if got is not None and got != want:
+                raise ValueError(f"{name}: the module was given {got} but the task "
+                                 f"({getattr(dm, 'task', type(dm).__name__)}) has {want}; "
+                                 f"drop {name} or set it to {want}")
+        return task
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        assert self.policy is not None, "setup() builds the policy"
+        return torch.optim.Adam(self.policy.parameters(), lr=self.hparams.lr)
+
+    # ------------------------------------------------------------------ the update
+
+    @torch.no_grad()
+    def prepare(self, batch: dict[str, Any]) -> PreparedSlot:
+        """V-trace targets and advantages of one slot under the current weights, flattened."""
+        for key in _BATCH_KEYS:
+            if key not in batch:
+                raise KeyError(f"batch: missing field {key!r} (expected the fields of "
+                               "lightning_unilab.rollout)")
+        policy = self._policy
+        hp = self.hparams
+        obs, critic_obs = batch["obs"], batch["critic_obs"]
+        t, n = batch["rewards"].shape
+        if obs.shape[-1] != policy.obs_size or critic_obs.shape[-1] != policy.critic_size:
+            raise ValueError(f"batch: obs/critic sizes {obs.shape[-1]}/{critic_obs.shape[-1]} "
+                             f"do not match the policy's {policy.obs_size}/"
+                             f"{policy.critic_size}")
+        values = policy.value(critic_obs)
+        last_values = policy.value(batch["last_critic_obs"])
+        final_values = policy.value(batch["final_critic_obs"])
+        dist = policy.distribution(obs)
+        actions = batch["actions"]
+        logp_now = dist.log_prob(actions).sum(-1)
+        target = self._target[0] if self._target else None
+        target_logp = (target.distribution(obs).log_prob(actions).sum(-1) if target is not None
+                       else logp_now)
+        behaviour_logp = batch["behaviour_logp"]
+        rewards = bootstrap_truncated(batch["rewards"].float(), batch["terminated"],
+                                      batch["truncated"], final_values, hp.gamma)
+        discounts = episode_discounts(batch["terminated"], batch["truncated"], hp.gamma)
+        returns, adv = vtrace(values, last_values, rewards, discounts,
+                              target_logp - behaviour_logp, lam=hp.gae_lambda,
+                              rho_bar=hp.rho_bar, c_bar=hp.c_bar)
+        if hp.normalize_advantages:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        old_log_std = dist.stddev.log()
+        behaviour_kl = gaussian_kl(batch["behaviour_mean"], batch["behaviour_log_std"],
+                                   dist.mean, old_log_std)
+        b = t * n
+        return PreparedSlot(
+            obs=obs.reshape(b, -1), critic_obs=critic_obs.reshape(b, -1),
+            actions=actions.reshape(b, -1), behaviour_logp=behaviour_logp.reshape(b),
+            target_logp=target_logp.reshape(b), old_mean=dist.mean.reshape(b, -1),
+            old_log_std=old_log_std.reshape(b, -1), old_values=values.reshape(b),
+            returns=returns.reshape(b), advantages=adv.reshape(b),
+            behaviour_kl=float(behaviour_kl))
+
+    def loss_terms(self, slot: PreparedSlot, idx: Tensor | None = None) -> dict[str, Tensor]:
+        """The loss and its terms on the samples ``idx`` of ``slot`` (all if None)."""
+        hp = self.hparams
+        policy = self._policy
+
+        def pick(x: Tensor) -> Tensor:
+            return x if idx is None else x[idx]
+
+        obs, actions = pick(slot.obs), pick(slot.actions)
+        dist = policy.distribution(obs)
+        logp = dist.log_prob(actions).sum(-1)
+        ratio = policy_ratio(logp, pick(slot.behaviour_logp), pick(slot.target_logp),
+                             hp.ratio_form)
+        pg_loss, clip_frac = ppo_surrogate(ratio, pick(slot.advantages), hp.clip_ratio)
+        values = policy.value(pick(slot.critic_obs))
+        v_loss = clipped_value_loss(values, pick(slot.old_values), pick(slot.returns),
+                                    hp.value_clip)
+        log_std = policy.log_std.expand_as(dist.mean)
+        entropy = gaussian_entropy(log_std)
+        loss = pg_loss + hp.value_loss_coef * v_loss - hp.entropy_coef * entropy
+        with torch.no_grad():
+            kl = gaussian_kl(pick(slot.old_mean), pick(slot.old_log_std), dist.mean, log_std)
+            # behaviour-to-current: the sample estimator needs actions drawn from the reference
+            a_kl = approx_kl(pick(slot.behaviour_logp), logp)
+        return {"loss": loss, "policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy,
+                "kl": kl, "approx_kl": a_kl, "clip_fraction": clip_frac}
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        stats = batch.get("stats", {})
+        self._log_rollout(stats)
+        version = int(stats.get("policy_version", self.policy_version))
+        lag = self.policy_version - version
+        self.log("learner/policy_lag", float(lag))
+        if self.hparams.max_policy_lag is not None:
+            worst = self._reduce(torch.tensor(float(lag)), dist.ReduceOp.MAX)
+            if worst > self.hparams.max_policy_lag:  # every rank skips together
+                self.skipped_slots += 1
+                self.log("learner/skipped_slots", float(self.skipped_slots))
+                return
+        start = time.perf_counter()
+        slot = self.prepare(batch)
+        self._update(slot)
+        obs_moments = self._moments(batch["obs"])
+        critic_moments = self._moments(batch["critic_obs"])
+        if self._policy.normalize_obs:
+            self._policy.obs_normalizer.update_moments(*obs_moments)
+            self._policy.critic_normalizer.update_moments(*critic_moments)
+        self.policy_version += 1
+        self._refresh_target()
+        update_s = time.perf_counter() - start
+        self._publish()
+        self.log_dict({
+            "learner/update_s": update_s,
+            "learner/samples_per_s": slot.size / update_s,
+            "learner/behaviour_kl": slot.behaviour_kl,
+            "learner/lr": self._lr(),
+            "learner/policy_version": float(self.policy_version),
+            "learner/skipped_slots": float(self.skipped_slots),
+        })
+
+    def _update(self, slot: PreparedSlot) -> None:
+        hp = self.hparams
+        opt = self.optimizers()
+        size = slot.size
+        if size < hp.minibatches:
+            raise ValueError(f"minibatches: {hp.minibatches} is more than the {size} samples of "
+                             "a slot (T*N)")
+        mb = size // hp.minibatches
+        history: list[Tensor] = []
+        for _ in range(hp.epochs):
+            perm = torch.randperm(size, device=slot.obs.device)
+            for i in range(hp.minibatches):
+                terms = self.loss_terms(slot, perm[i * mb:(i + 1) * mb])
+                opt.zero_grad()
+                self.manual_backward(terms["loss"])
+                if hp.max_grad_norm is not None:
+                    self.clip_gradients(opt, gradient_clip_val=hp.max_grad_norm,
+                                        gradient_clip_algorithm="norm")
+                opt.step()
+                kl = self._reduce(terms["kl"].detach().clone(), dist.ReduceOp.SUM)
+                kl = kl / self._world_size()
+                if hp.adaptive_lr:
+                    self._adapt_lr(float(kl))
+                history.append(torch.stack([terms[k].detach() for k in _TERMS]))
+        means = torch.stack(history).mean(0).tolist()
+        self.log_dict({f"loss/{k}" if "loss" in k or k == "entropy" else f"learner/{k}": v
+                       for k, v in zip(_TERMS, means, strict=True)})
+
+    def _adapt_lr(self, kl: float) -> None:
+        hp = self.hparams
+        lr = adapted_lr(self._lr(), kl, hp.desired_kl, hp.lr_min, hp.lr_max)
+        for group in self._optimizer().param_groups:
+            group["lr"] = lr
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def _policy(self) -> ActorCritic:
+        if self.policy is None:
+            raise RuntimeError("APPOModule: no policy yet; it is built in setup() from the data "
+                               "module's env_spec (or pass policy=... / the sizes)")
+        return self.policy
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        opt = self.optimizers()
+        return opt.optimizer if hasattr(opt, "optimizer") else opt
+
+    def _lr(self) -> float:
+        return float(self._optimizer().param_groups[0]["lr"])
+
+    def _world_size(self) -> int:
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+    def _reduce(self, x: Tensor, op: Any) -> Tensor:
+        """All-reduce across learner processes (identity in one process)."""
+        if self._world_size() > 1:
+            dist.all_reduce(x, op=op)
+        return x
+
+    def _moments(self, x: Tensor) -> tuple[float, Tensor, Tensor]:
+        """(count, mean, biased var) of rows of x over all learner processes, in float64."""
+        x = x.reshape(-1, x.shape[-1]).to(torch.float64)
+        n = torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device)
+        local_mean = x.mean(0)
+        if self._world_size() == 1:
+            return float(n), local_mean, x.var(0, unbiased=False)
+        total = self._reduce(n.clone(), dist.ReduceOp.SUM)
+        mean = self._reduce(local_mean * n, dist.ReduceOp.SUM) / total
+        m2 = (x - mean).square().sum(0)
+        var = self._reduce(m2, dist.ReduceOp.SUM) / total
+        return float(total), mean, var
+
+    def _refresh_target(self) -> None:
+        hp = self.hparams
+        if not hp.target_network:
+            return
+        if not self._target:
+            self._target.append(copy.deepcopy(self._policy).requires_grad_(False))
+            return
+        if self.policy_version % hp.target_update_interval:
+            return
+        target = self._target[0]
+        with torch.no_grad():
+            for tp, p in zip(target.parameters(), self._policy.parameters(), strict=True):
+                tp.lerp_(p, hp.target_tau)
+            for tb, b in zip(target.buffers(), self._policy.buffers(), strict=True):
+                tb.copy_(b)
+
+    def on_fit_start(self) -> None:
+        if self.hparams.target_network and not self._target:
+            self._target.append(copy.deepcopy(self._policy).requires_grad_(False))
+
+    def _publish(self) -> None:
+        trainer = self._trainer
+        dm = getattr(trainer, "datamodule", None) if trainer is not None else None
+        publish = getattr(dm, "publish_policy", None)
+        if callable(publish):
+            publish(self._policy)
+
+    def _log_rollout(self, stats: dict[str, Any]) -> None:
+        if not stats:
+            return
+        logs: dict[str, float] = {}
+        for key in ("env_steps_per_s", "env_steps", "wait_s", "episodes"):
+            if key in stats:
+                logs[f"rollout/{key}"] = float(stats[key])
+        ret = float(stats.get("episode_return_mean", math.nan))
+        if int(stats.get("episodes", 0)) > 0 and math.isfinite(ret):
+            self.return_mean.update(torch.tensor(ret))
+            self.length_mean.update(torch.tensor(float(stats["episode_length_mean"])))
+            self.log("rollout/return", self.return_mean.compute(), prog_bar=True)
+            self.log("rollout/episode_length", self.length_mean.compute())
+            logs["rollout/episode_return"] = ret
+        self.log_dict(logs)
+        if "env_steps_per_s" in stats:
+            self.log("env_steps/s", float(stats["env_steps_per_s"]), prog_bar=True, logger=False)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        policy = self._policy
+        checkpoint["appo"] = {
+            "policy_version": self.policy_version,
+            "skipped_slots": self.skipped_slots,
+            "sizes": (policy.obs_size, policy.critic_size, policy.action_size),
+            "target": self._target[0].state_dict() if self._target else None,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("appo", {})
+        self.policy_version = int(state.get("policy_version", 0))
+        self.skipped_slots = int(state.get("skipped_slots", 0))
+        if self.policy is None and "sizes" in state:  # load_from_checkpoint: no setup() ran
+            self.policy = self._build_policy(tuple(state["sizes"]))
+        if state.get("target") is not None and self.policy is not None:
+            target = copy.deepcopy(self.policy).requires_grad_(False)
+            target.load_state_dict(state["target"])
+            self._target[:] = [target]

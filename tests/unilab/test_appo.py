@@ -1,0 +1,252 @@
+"""APPO loss terms by hand, and APPOModule on fixed batches through a real Trainer."""
+
+import math
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from inprocess_rollouts import FixedBatches, one_rollout
+from torch.distributions import Normal, kl_divergence
+
+from lightning_unilab.appo import APPOModule, adapted_lr
+from lightning_unilab.losses import (
+    approx_kl,
+    clipped_value_loss,
+    gaussian_entropy,
+    gaussian_kl,
+    policy_ratio,
+    ppo_surrogate,
+)
+from lightning_unilab.policy import ActorCritic
+from lightning_unilab.rollout import RolloutSpec
+
+# ---------------------------------------------------------------- loss terms by hand
+
+
+def test_ppo_surrogate_by_hand():
+    ratio = torch.tensor([0.5, 1.0, 1.5, 1.1, 0.5])
+    adv = torch.tensor([1.0, -2.0, 1.0, -1.0, -1.0])
+    loss, frac = ppo_surrogate(ratio, adv, 0.2)
+    # min(rA, clip(r)A) = (0.5, -2, 1.2, -1.1, -0.8): the pessimistic side in every case
+    assert loss.item() == pytest.approx(2.2 / 5)
+    assert frac.item() == pytest.approx(3 / 5)
+
+
+def test_policy_ratio_forms():
+    logp, mu, target = (torch.log(torch.tensor([x])) for x in (0.3, 0.2, 0.25))
+    assert policy_ratio(logp, mu).item() == pytest.approx(1.5)
+    assert policy_ratio(logp, mu, target, "impact").item() == pytest.approx(1.2)
+    assert policy_ratio(logp, target, mu, "impact").item() == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="target_logp"):
+        policy_ratio(logp, mu, None, "impact")
+
+
+def test_clipped_value_loss_by_hand():
+    values = torch.tensor([1.0, 2.0, 0.0])
+    old = torch.tensor([0.5, 2.1, 0.0])
+    targets = torch.tensor([2.0, 1.0, 0.05])
+    # clipped values (0.7, 2.0, 0.0): errors (1.69, 1.0, .0025) against unclipped (1, 1, .0025)
+    assert clipped_value_loss(values, old, targets, 0.2).item() == pytest.approx(2.6925 / 3)
+    assert clipped_value_loss(values, old, targets, None).item() == pytest.approx(2.0025 / 3)
+
+
+def test_entropy_and_kl_by_hand():
+    log_std = torch.tensor([[0.0, math.log(2.0)]])
+    want = 1 + math.log(2 * math.pi) + math.log(2.0)
+    assert gaussian_entropy(log_std).item() == pytest.approx(want)
+    assert gaussian_entropy(log_std).item() == pytest.approx(
+        Normal(torch.zeros(2), log_std.exp()).entropy().sum().item())
+    # KL(N(0,1) || N(1,2^2)) = log 2 + (1 + 1) / 8 - 1/2
+    kl = gaussian_kl(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1),
+                     torch.full((1, 1), math.log(2.0)))
+    assert kl.item() == pytest.approx(math.log(2) + 0.25 - 0.5)
+    assert kl.item() == pytest.approx(
+        kl_divergence(Normal(0.0, 1.0), Normal(1.0, 2.0)).item())
+    # k3 estimator: r = (0.5, 2): ((r - 1) - log r) = (log 2 - .5, 1 - log 2), mean 0.25
+    est = approx_kl(torch.log(torch.tensor([0.5, 0.5])), torch.log(torch.tensor([0.25, 1.0])))
+    assert est.item() == pytest.approx(0.25)
+
+
+def test_adapted_lr_rule():
+    assert adapted_lr(1e-3, 0.03, 0.01, 1e-5, 1e-2) == pytest.approx(1e-3 / 1.5)
+    assert adapted_lr(1e-3, 0.004, 0.01, 1e-5, 1e-2) == pytest.approx(1.5e-3)
+    assert adapted_lr(1e-3, 0.01, 0.01, 1e-5, 1e-2) == 1e-3
+    assert adapted_lr(1.2e-5, 1.0, 0.01, 1e-5, 1e-2) == 1e-5
+    assert adapted_lr(9e-3, 0.0, 0.01, 1e-5, 1e-2) == 1e-2
+
+
+# ---------------------------------------------------------------- the module's targets
+
+
+def _linear_critic_policy() -> ActorCritic:
+    """V(x) = x[0] exactly: a linear critic, no normalization."""
+    policy = ActorCritic(2, 2, 1, actor_hidden=(), critic_hidden=(), normalize_obs=False)
+    with torch.no_grad():
+        policy.critic[0].weight.copy_(torch.tensor([[1.0, 0.0]]))
+        policy.critic[0].bias.zero_()
+    return policy
+
+
+def _hand_batch(policy: ActorCritic, terminated0: bool) -> dict:
+    """T=2, N=1; V(s_0)=1, V(s_1)=2, V(last)=4; step 0 ends (V(final)=10), rewards 1."""
+    obs = torch.tensor([[[0.3, -0.2]], [[0.1, 0.4]]])
+    actions = torch.tensor([[[0.5]], [[-0.1]]])
+    dist = policy.distribution(obs)
+    return {
+        "obs": obs,
+        "critic_obs": torch.tensor([[[1.0, 0.0]], [[2.0, 0.0]]]),
+        "actions": actions,
+        "behaviour_logp": dist.log_prob(actions).sum(-1).detach(),  # on-policy: rho = 1
+        "behaviour_mean": dist.mean.detach(),
+        "behaviour_log_std": dist.stddev.log().detach(),
+        "rewards": torch.tensor([[1.0], [1.0]]),
+        "terminated": torch.tensor([[terminated0], [False]]),
+        "truncated": torch.tensor([[not terminated0], [False]]),
+        "final_critic_obs": torch.tensor([[[10.0, 0.0]], [[99.0, 0.0]]]),
+        "last_critic_obs": torch.tensor([[4.0, 0.0]]),
+        "stats": {"policy_version": 0},
+    }
+
+
+@pytest.mark.parametrize("terminated0, want0", [(False, 1 + 0.5 * 10.0), (True, 1.0)])
+def test_prepare_bootstraps_truncation_not_termination(terminated0, want0):
+    policy = _linear_critic_policy()
+    module = APPOModule(policy=policy, gamma=0.5, gae_lambda=1.0, normalize_advantages=False)
+    slot = module.prepare(_hand_batch(policy, terminated0))
+    # step 1: r + gamma V(last) = 1 + 0.5 * 4; step 0 ends: truncated -> + gamma V(final)
+    torch.testing.assert_close(slot.returns, torch.tensor([want0, 3.0]))
+    torch.testing.assert_close(slot.advantages, torch.tensor([want0 - 1.0, 1.0]))
+    torch.testing.assert_close(slot.old_values, torch.tensor([1.0, 2.0]))
+    assert slot.behaviour_kl == pytest.approx(0.0, abs=1e-7)
+
+
+# ---------------------------------------------------------------- updates through a Trainer
+
+SMALL = {"actor_hidden": (32, 32), "critic_hidden": (32, 32), "epochs": 2, "minibatches": 2}
+
+
+def _fit(module: APPOModule, dm: FixedBatches, **kwargs) -> pl.Trainer:
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu", devices=1, **kwargs)
+    trainer.fit(module, dm)
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def pendulum_batch():
+    torch.manual_seed(0)
+    policy = ActorCritic(4, 4, 1, actor_hidden=(32, 32), critic_hidden=(32, 32))
+    batch = one_rollout(policy, num_envs=16, horizon=16)
+    spec = RolloutSpec(num_envs=16, horizon=16, obs_size=4, critic_size=4, action_size=1)
+    return policy, batch, spec
+
+
+def test_one_update_changes_parameters_and_lowers_the_loss(pendulum_batch):
+    policy, batch, spec = pendulum_batch
+    torch.manual_seed(1)
+    module = APPOModule(policy=_copy(policy), lr=3e-3, adaptive_lr=False, **SMALL)
+    before_params = [p.detach().clone() for p in module.policy.parameters()]
+    slot = module.prepare(batch)
+    with torch.no_grad():
+        before = module.loss_terms(slot)
+    dm = FixedBatches([batch], spec)
+    _fit(module, dm)
+    with torch.no_grad():
+        after = module.loss_terms(slot)
+    assert after["loss"] < before["loss"]
+    assert after["value_loss"] < before["value_loss"]
+    changed = [not torch.equal(a, b) for a, b in zip(before_params, module.policy.parameters(),
+                                                     strict=True)]
+    assert all(changed)
+    assert module.policy_version == 1 and dm.published == [1]
+    # the slot's observations are now in the normalizer's statistics
+    assert module.policy.obs_normalizer.count.item() == 16 * 16
+    torch.testing.assert_close(module.policy.obs_normalizer.mean,
+                               batch["obs"].reshape(-1, 4).double().mean(0))
+
+
+def _copy(policy: ActorCritic) -> ActorCritic:
+    import copy
+    return copy.deepcopy(policy)
+
+
+class _Params(pl.Callback):
+    """Parameters after each training batch."""
+
+    def __init__(self) -> None:
+        self.after: list[list[torch.Tensor]] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.after.append([p.detach().clone() for p in module.policy.parameters()])
+
+
+def test_max_policy_lag_skips_stale_slots(pendulum_batch):
+    policy, batch, spec = pendulum_batch
+    # three slots all made by version 0: lags 0, 1, 2 as the learner advances
+    module = APPOModule(policy=_copy(policy), max_policy_lag=1, **SMALL)
+    dm = FixedBatches([batch, batch, batch], spec)
+    params = _Params()
+    _fit(module, dm, callbacks=[params])
+    assert module.skipped_slots == 1
+    assert module.policy_version == 2 and dm.published == [1, 2]
+    assert all(torch.equal(a, b) for a, b in zip(params.after[1], params.after[2], strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(params.after[0], params.after[1],
+                                                     strict=True))
+
+
+def test_target_network_follows_the_policy(pendulum_batch):
+    policy, batch, spec = pendulum_batch
+    module = APPOModule(policy=_copy(policy), target_network=True, target_tau=0.5,
+                        ratio_form="impact", **SMALL)
+    start = [p.detach().clone() for p in policy.parameters()]
+    _fit(module, FixedBatches([batch], spec))
+    target = module._target[0]
+    for t, p, s in zip(target.parameters(), module.policy.parameters(), start, strict=True):
+        torch.testing.assert_close(t, 0.5 * (p + s))
+    assert not any(t.requires_grad for t in target.parameters())
+
+
+def test_task_size_mismatch_names_both(pendulum_batch):
+    _, batch, spec = pendulum_batch
+    module = APPOModule(obs_size=5, **SMALL)
+    with pytest.raises(ValueError, match=r"obs_size: the module was given 5 .* has 4"):
+        _fit(module, FixedBatches([batch], spec))
+
+
+def test_bad_hyperparameters_name_the_argument():
+    with pytest.raises(ValueError, match="gae_lambda"):
+        APPOModule(gae_lambda=1.5)
+    with pytest.raises(ValueError, match="ratio_form"):
+        APPOModule(ratio_form="ppo")
+    with pytest.raises(ValueError, match="max_policy_lag"):
+        APPOModule(max_policy_lag=-1)
+    with pytest.raises(ValueError, match="minibatches"):
+        APPOModule(minibatches=0)
+
+
+def test_checkpoint_keeps_version_and_normalizer(pendulum_batch, tmp_path):
+    policy, batch, spec = pendulum_batch
+    module = APPOModule(policy=_copy(policy), **SMALL)
+    trainer = _fit(module, FixedBatches([batch, batch], spec))
+    path = tmp_path / "appo.ckpt"
+    trainer.save_checkpoint(path)
+    loaded = APPOModule.load_from_checkpoint(path)
+    assert loaded.policy_version == 2
+    torch.testing.assert_close(loaded.policy.obs_normalizer.mean,
+                               module.policy.obs_normalizer.mean)
+    assert loaded.policy.obs_normalizer.count.item() == 2 * 16 * 16
+    for a, b in zip(loaded.policy.parameters(), module.policy.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_loss_is_surrogate_plus_value_minus_entropy_bonus(pendulum_batch):
+    policy, batch, _ = pendulum_batch
+    module = APPOModule(policy=_copy(policy), value_loss_coef=0.7, entropy_coef=0.3)
+    terms = module.loss_terms(module.prepare(batch))
+    want = terms["policy_loss"] + 0.7 * terms["value_loss"] - 0.3 * terms["entropy"]
+    torch.testing.assert_close(terms["loss"], want)
+    # the bonus pulls the log std up: its gradient on log_std is -0.3 per action dim
+    module.policy.zero_grad()
+    (-0.3 * terms["entropy"]).backward()
+    torch.testing.assert_close(module.policy.log_std.grad, torch.tensor([-0.3]))
