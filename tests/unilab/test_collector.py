@@ -1,0 +1,137 @@
+"""Collector process: weights versions, sync waiting, faults surfacing, cleanup when killed."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from lightning_unilab.collector import Collector, CollectorConfig, CollectorError
+from lightning_unilab.policy import ActorCritic
+from lightning_unilab.rollout import RolloutSpec, as_tensors
+
+TASK = "InvertedPendulum-v5"
+
+
+def _ours() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("omnilab_")}
+
+
+def _policy() -> ActorCritic:
+    return ActorCritic(4, 4, 1, (16,), (16,))
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie (exited, not yet reaped by its parent) counts as gone
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ", 1)[1].startswith("Z")
+
+
+def test_sync_mode_waits_for_each_update_and_faults_surface_with_traceback():
+    """One process through its life: sync lag 0, a waiting collector, then a crash."""
+    policy = _policy()
+    before = _ours()
+    collector = Collector(CollectorConfig(TASK, num_envs=8, horizon=16, mode="sync"), policy,
+                          num_slots=3)
+    try:
+        collector.start()
+        for version in range(3):
+            slot, _ = collector.acquire(timeout=30)
+            stats = as_tensors(collector.ring.arrays(slot))["stats"]
+            assert stats["policy_version"] == version and stats["seq"] == version
+            collector.release(slot)
+            # no newer weights yet: a sync collector does not produce the next rollout
+            assert collector.acquire(timeout=0.3)[0] is None
+            assert collector.publish(policy) == version + 1
+        # NaN weights: the actor fails inside the collector process
+        with torch.no_grad():
+            policy.actor[0].weight.fill_(float("nan"))
+        collector.publish(policy)
+        start = time.monotonic()
+        with pytest.raises(CollectorError, match="(?s)Traceback.*in act.*invalid values"):
+            while True:
+                slot, _ = collector.acquire(timeout=30)
+                collector.release(slot)
+        assert time.monotonic() - start < 5
+    finally:
+        collector.stop()
+    assert _ours() == before
+
+
+def test_start_errors_raise_here_or_come_back_from_the_process():
+    policy = _policy()
+    config = CollectorConfig(TASK, num_envs=8, horizon=8,
+                             task_kwargs={"params": {"no_such_param": 1.0}})
+    with pytest.raises(ValueError, match="no_such_param"):  # found here, before spawning
+        Collector(config, policy)
+    # given the spec, the parent builds no env of its own: the error comes from the process
+    spec = RolloutSpec(num_envs=8, horizon=8, obs_size=4, critic_size=4, action_size=1)
+    bad = Collector(config, policy, spec=spec)
+    with pytest.raises(CollectorError, match="(?s)Traceback.*no_such_param"):
+        bad.start()
+    assert bad.ring.name not in _ours() and not bad.running
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        (dict(num_envs=0, horizon=8), "num_envs"),
+        (dict(num_envs=8, horizon=0), "horizon"),
+        (dict(num_envs=8, horizon=8, threads=os.cpu_count() + 1), "collector threads"),
+        (dict(num_envs=8, horizon=8, mode="lockstep"), "mode"),
+    ],
+)
+def test_impossible_configs_fail_before_a_process_starts(config, match):
+    before = _ours()
+    with pytest.raises(ValueError, match=match):
+        Collector(CollectorConfig(TASK, **config), _policy())
+    assert _ours() == before
+
+
+def test_policy_of_the_wrong_size_is_refused():
+    with pytest.raises(ValueError, match="policy.obs_size: the network takes 5 but task"):
+        Collector(CollectorConfig(TASK, 8, 8), ActorCritic(5, 5, 1, (8,), (8,)))
+
+
+LEARNER = textwrap.dedent("""
+    import sys, time
+    from lightning_unilab.collector import Collector, CollectorConfig
+    from lightning_unilab.policy import ActorCritic
+
+    if __name__ == "__main__":
+        policy = ActorCritic(4, 4, 1, (8,), (8,))
+        c = Collector(CollectorConfig("InvertedPendulum-v5", 8, 8), policy)
+        c.start()
+        print(c._proc.pid, c.ring.name, c.board.name, flush=True)
+        time.sleep(600)
+""")
+
+
+def test_sigkilled_learner_leaves_no_process_and_no_shared_memory(tmp_path):
+    script = tmp_path / "learner.py"
+    script.write_text(LEARNER)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line, "the learner did not start"
+        pid, ring, board = line.split()
+        assert {ring, board} <= _ours()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (_gone(int(pid)) and
+                                                  not {ring, board} & _ours()):
+            time.sleep(0.05)
+        assert _gone(int(pid)), "the collector outlived its learner"
+        assert not {ring, board} & _ours(), "shared memory left behind"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
