@@ -17,6 +17,7 @@ from unilab_models import ARM_XML, INTEGRATION, random_ctrl, serial_steps
 import lightning_unilab
 from lightning_unilab import BatchEnvPool, describe_status
 from lightning_unilab.pool import STATUS_ERROR
+from lightning_unilab.vector_env import TaskVectorEnv
 
 
 def started(model: mujoco.MjModel, n: int, threads: int = 2, **kwargs) -> BatchEnvPool:
@@ -454,3 +455,59 @@ def test_version_mismatch_raises_import_error_naming_both(monkeypatch):
     monkeypatch.setattr(lightning_unilab._core, "mujoco_build_version", lambda: 3003000)
     with pytest.raises(ImportError, match=r"built for MuJoCo 3003000 but MuJoCo \[4000000\]"):
         lightning_unilab._check_mujoco_version()
+
+
+MESH_XML = """<mujoco><asset><mesh name="tet" vertex="0 0 0  1 0 0  0 1 0  0 0 1"/></asset>
+<worldbody><body name="a"><freejoint/><geom type="mesh" mesh="tet"/>
+<geom name="s" size=".1" pos="1 1 1"/></body>
+<body name="b" pos="2 0 0"><freejoint/><geom size=".2"/></body></worldbody></mujoco>"""
+
+
+def test_model_field_reads_the_simulated_model():
+    model = mujoco.MjModel.from_xml_string(MESH_XML)
+    pool = BatchEnvPool(model, 4, 1)
+    original = model.body_mass.copy()
+    model.body_mass[1] = 99.0  # the caller edits its model after construction
+    np.testing.assert_array_equal(pool.model_field("body_mass")[2], original)
+    # geom sizes move the bodies' bounding volumes: mj_setConst expands them, bodies' rows only
+    pool.reset(randomization={"geom_size": pool.model_field("geom_size")[0] * 1.5})
+    aabb = pool.model_field("bvh_aabb")
+    assert aabb.shape[0] == 4 and aabb.shape[2] == 6 and aabb.shape[1] <= model.nbvh
+    assert np.isfinite(aabb).all()
+
+
+def test_unclear_inputs_get_clear_errors(arm_model):
+    with pytest.raises(TypeError, match=r"outputs: expected a mapping .* got list"):
+        BatchEnvPool(arm_model, 2, outputs=["xpos"])
+    with pytest.raises(ValueError, match="num_envs"):
+        BatchEnvPool(arm_model, True)
+    with pytest.raises(ValueError, match=r"num_envs: expected a positive integer below 2\*\*31"):
+        BatchEnvPool(arm_model, 2**31)
+    sleepy = ARM_XML.replace('<option timestep="0.004"/>',
+                             '<option timestep="0.004"><flag sleep="enable"/></option>')
+    with pytest.raises(ValueError, match="model: sleeping bodies"):
+        BatchEnvPool(sleepy, 2)
+    pool = BatchEnvPool(arm_model, 2, 1)
+    with pytest.raises(TypeError, match=r"randomization: expected a mapping .* got list"):
+        pool.reset(randomization=[("body_mass", 1.0)])
+    with pytest.raises(ValueError, match=r"name: 'body_mas' is not a per-env model field"):
+        pool.model_field("body_mas")
+    pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.step()
+    env = TaskVectorEnv("Hopper-v5", 2, 1)
+    env.reset(seed=0)
+    state = env.pool.state.copy()
+    with pytest.raises(ValueError, match="seed: expected an integer >= 0, got -1"):
+        env.reset(seed=-1)
+    np.testing.assert_array_equal(env.pool.state, state)
+    np.testing.assert_array_equal(env.reset(seed=0)[0], TaskVectorEnv("Hopper-v5", 2, 1).reset(
+        seed=0)[0])  # the failed call re-seeded nothing
+    with pytest.raises(TypeError, match=r"params\['healthy_reward'\]: expected a number"):
+        TaskVectorEnv("Hopper-v5", 2, params={"healthy_reward": "1"})
+    with pytest.raises(TypeError, match="randomization: expected a function"):
+        TaskVectorEnv("Hopper-v5", 2, randomization={"body_mass": 1.0})
+    env.close()
+    for call in (lambda: env.step(np.zeros((2, 3))), lambda: env.reset()):
+        with pytest.raises(RuntimeError, match="TaskVectorEnv of 'Hopper-v5' is closed"):
+            call()
