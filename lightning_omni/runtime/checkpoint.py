@@ -1,0 +1,80 @@
+"""Per-stage checkpoint shards, written atomically, and their consolidation.
+
+A checkpoint is a directory: ``stage{s}.pt`` per pipeline stage (written by replica 0's rank of
+that stage: replicas hold identical copies) and ``complete.json``, written by rank 0 last, after
+every shard is in place. Each file is written to a temporary name and renamed, so a crash leaves
+either the old file or the new one, and a directory without ``complete.json`` is not a
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MARKER = "complete.json"
+
+
+def shard_path(directory: str | os.PathLike, stage: int) -> Path:
+    return Path(directory) / f"stage{stage}.pt"
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def write_shard(directory: str | os.PathLike, stage: int, checkpoint: dict[str, Any]) -> None:
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    atomic_save(checkpoint, shard_path(path, stage))
+
+
+def write_marker(directory: str | os.PathLike, num_stages: int) -> None:
+    path = Path(directory) / MARKER
+    tmp = path.with_name(f".{MARKER}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"format": "lightning_omni.stage_shards", "stages": num_stages}))
+    os.replace(tmp, path)
+
+
+def is_sharded(path: str | os.PathLike) -> bool:
+    return Path(path).is_dir() and (Path(path) / MARKER).exists()
+
+
+def num_stages(path: str | os.PathLike) -> int:
+    if not is_sharded(path):
+        raise FileNotFoundError(f"checkpoint: {path} is not a complete Omni checkpoint "
+                                f"directory (no {MARKER}; an interrupted save?)")
+    return int(json.loads((Path(path) / MARKER).read_text())["stages"])
+
+
+def read_shard(path: str | os.PathLike, stage: int) -> dict[str, Any]:
+    stages = num_stages(path)
+    if not 0 <= stage < stages:
+        raise ValueError(f"stage: expected one of 0..{stages - 1} for {path}, got {stage} "
+                         "(resume with the pipeline size the checkpoint was written with)")
+    return torch.load(shard_path(path, stage), map_location="cpu", weights_only=False)
+
+
+def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The plain LightningModule's ``state_dict`` from a sharded checkpoint: each parameter
+    from the stage that hosts it (encoders: the first shard that holds them)."""
+    merged: dict[str, torch.Tensor] = {}
+    for s in range(num_stages(path)):
+        for name, t in read_shard(path, s)["state_dict"].items():
+            merged.setdefault(name, t)
+    return merged
+
+
+def remove(path: str | os.PathLike) -> None:
+    p = Path(path)
+    if p.is_dir():
+        shutil.rmtree(p)
+    elif p.exists():
+        p.unlink()

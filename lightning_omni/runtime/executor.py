@@ -1,0 +1,322 @@
+"""Execute one rank's action list of a step over torch.distributed point-to-point messages.
+
+Why our own executor instead of torch.distributed.pipelining: its schedule actions are a closed
+enum (no encoder actions, no feature messages to stage 0), custom actions exist only as private
+API, and it sizes receive buffers from the first microbatch, so every microbatch would need one
+shape. Our plans already say, per rank, every compute, message and completion point; running
+them is a short loop (see docs/omni/runtime.md).
+
+Messages: SEND is ``isend`` (kept until its WAIT), RECV is ``irecv`` + wait. Each payload has
+its own tag, so messages of one payload between two ranks match in program order. Shapes come
+from the plan and the microbatch (see ``lightning_omni.plan.schedule``), so no size headers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ..plan.schedule import Action, Kind, Payload, message_key
+from ..spec import OmniSpec, scatter_features, valid_rows
+from .layout import Layout
+from .memory import SavedTensorMeter
+
+TAGS = {Payload.ACTIVATION: 1, Payload.GRADIENT: 2, Payload.FEATURES: 3,
+        Payload.FEATURE_GRAD: 4}
+
+
+class OmniRuntimeError(RuntimeError):
+    """A step that cannot finish: a lost peer, a timed-out message or collective."""
+
+
+@dataclass
+class StepRecord:
+    """What one rank measured in one step."""
+
+    loss: float
+    count: float
+    seconds: float
+    busy_seconds: float
+    peak_saved_bytes: int
+    timings: list[tuple[Action, float, float]] = field(default_factory=list)
+
+    @property
+    def bubble_fraction(self) -> float:
+        return 1.0 - self.busy_seconds / self.seconds if self.seconds > 0 else 0.0
+
+
+def split_microbatches(batch: dict[str, Tensor], num: int) -> list[dict[str, Tensor]]:
+    """Equal microbatches along dim 0 (accumulating them equals one large batch)."""
+    sizes = {k: v.shape[0] for k, v in batch.items() if isinstance(v, Tensor)}
+    b = next(iter(sizes.values()))
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"batch: expected every tensor to have the same batch size, got {sizes}")
+    if b % num != 0:
+        raise ValueError(f"batch: {b} samples per data-parallel replica cannot be split into "
+                         f"num_microbatches={num} equal microbatches; use a batch size "
+                         f"divisible by {num}")
+    per = b // num
+    return [{k: (v[i * per:(i + 1) * per] if isinstance(v, Tensor) else v)
+             for k, v in batch.items()} for i in range(num)]
+
+
+def rows_of(lengths: Tensor, samples: Tensor) -> Tensor:
+    """Indices, in the sample-by-sample row order of all samples, of ``samples``' rows."""
+    offsets = torch.cumsum(lengths, 0) - lengths
+    n = lengths[samples]
+    total = int(n.sum())
+    starts = torch.repeat_interleave(offsets[samples] - (torch.cumsum(n, 0) - n), n)
+    return starts + torch.arange(total, device=lengths.device)
+
+
+class StageExecutor:
+    """Runs plans for one rank: its LLM stage, its encoder replicas, its messages."""
+
+    def __init__(self, spec: OmniSpec, layout: Layout, groups: dict[tuple[int, ...], object],
+                 hidden: int, dtype: torch.dtype, device: torch.device,
+                 timeout: timedelta, owns_encoders: bool) -> None:
+        self.spec, self.layout, self.groups = spec, layout, groups
+        self.hidden, self.dtype, self.device, self.timeout = hidden, dtype, device, timeout
+        lo, hi = layout.block_bounds[layout.stage]
+        self.blocks = list(spec.blocks)[lo:hi]
+        llm: list[nn.Module] = list(self.blocks)
+        if layout.is_first:
+            llm.insert(0, spec.embedding)
+        if layout.is_last:
+            llm.append(spec.head)
+        self.llm_params = _unique(p for mod in llm for p in mod.parameters())
+        self.encoder_params = _unique(p for m in spec.modalities for p in m.encoder.parameters())
+        self.owns_encoders = owns_encoders
+        self.meter = SavedTensorMeter(self.owned_params())
+
+    def owned_params(self) -> list[Tensor]:
+        return self.llm_params + (self.encoder_params if self.owns_encoders else [])
+
+    # -- one step -------------------------------------------------------------------------
+    def run(self, actions: Sequence[Action], mbs: list[dict[str, Tensor]]) -> StepRecord:
+        """Run the actions; gradients are of the summed (unnormalized) loss, and the returned
+        record carries this rank's loss sum and count (last stage) for normalizing."""
+        self._mbs = mbs
+        self._enc_out: dict[int, Tensor] = {}    # own encoder output (graph), per microbatch
+        self._local_feat: dict[int, Tensor] = {}  # stage 0: leaf of its own encoder output
+        self._feat_in: dict[int, list[tuple[tuple[int, ...], Tensor]]] = {}
+        self._remote_feat: dict[tuple[int, int], Tensor] = {}  # (mb, src) -> leaf
+        self._stage_in: dict[int, Tensor] = {}
+        self._stage_out: dict[int, Tensor] = {}
+        self._grad_in: dict[int, Tensor] = {}
+        self._act_in: dict[int, Tensor] = {}
+        self._feat_grad: dict[int, Tensor] = {}
+        self._pending: dict[tuple, object] = {}
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        count = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.meter.reset_peak()
+        timings: list[tuple[Action, float, float]] = []
+        busy = 0.0
+        t_step = time.perf_counter()
+        for a in actions:
+            t0 = time.perf_counter()
+            if a.kind == Kind.ENC_FWD:
+                with self.meter.hooks():
+                    self._enc_fwd(a)
+            elif a.kind == Kind.ENC_BWD:
+                self._enc_bwd(a)
+            elif a.kind == Kind.LLM_FWD:
+                with self.meter.hooks():
+                    res = self._llm_fwd(a)
+                if res is not None:
+                    loss_sum += res[0].detach().to(torch.float64)
+                    count += torch.as_tensor(res[1], dtype=torch.float64)
+            elif a.kind == Kind.LLM_BWD:
+                self._llm_bwd(a)
+            elif a.kind == Kind.SEND:
+                self._send(a)
+            elif a.kind == Kind.RECV:
+                self._recv(a)
+            elif a.kind == Kind.WAIT:
+                self._wait(self._pending.pop(message_key(self.layout.rank, a)), a)
+            elif a.kind == Kind.ALLREDUCE:
+                self._allreduce(a)
+            else:
+                raise OmniRuntimeError(f"action {a}: not supported by this runtime")
+            t1 = time.perf_counter()
+            timings.append((a, t0, t1))
+            if a.kind in (Kind.ENC_FWD, Kind.ENC_BWD, Kind.LLM_FWD, Kind.LLM_BWD):
+                busy += t1 - t0
+        for key, work in list(self._pending.items()):  # plans without completion points
+            self._wait(work, key)
+        seconds = time.perf_counter() - t_step
+        return StepRecord(float(loss_sum), float(count), seconds, busy, self.meter.peak,
+                          [(a, t0 - t_step, t1 - t_step) for a, t0, t1 in timings])
+
+    # -- compute --------------------------------------------------------------------------
+    def _encode(self, mb: dict[str, Tensor], samples: tuple[int, ...]) -> Tensor:
+        """Features of ``samples`` (per modality in order, sample by sample)."""
+        s = torch.tensor(samples, dtype=torch.long, device=self.device)
+        chunks = []
+        for m in self.spec.modalities:
+            lengths = mb[m.lengths]
+            idx = s[lengths[s] > 0]
+            if idx.numel() == 0:
+                continue
+            out = m.encoder(mb[m.inputs][idx], lengths[idx])
+            chunks.append(valid_rows(out, lengths[idx]))
+        if not chunks:
+            return torch.zeros(0, self.hidden, dtype=self.dtype, device=self.device)
+        return torch.cat(chunks).to(self.dtype)
+
+    def _feature_rows(self, mb: dict[str, Tensor], samples: tuple[int, ...]) -> int:
+        s = torch.tensor(samples, dtype=torch.long)
+        return int(sum(mb[m.lengths].cpu()[s].sum() for m in self.spec.modalities))
+
+    def _enc_fwd(self, a: Action) -> None:
+        out = self._encode(self._mbs[a.microbatch], a.samples)
+        self._enc_out[a.microbatch] = out
+        if self.layout.is_first:
+            leaf = out.detach().requires_grad_()
+            self._local_feat[a.microbatch] = leaf
+            self._feat_in.setdefault(a.microbatch, []).append((a.samples, leaf))
+
+    def _enc_bwd(self, a: Action) -> None:
+        out = self._enc_out.pop(a.microbatch)
+        if self.layout.is_first:
+            leaf = self._local_feat.pop(a.microbatch)
+            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        else:
+            grad = self._feat_grad.pop(a.microbatch)
+        torch.autograd.backward(out, grad)
+
+    def _assemble(self, m: int, mb: dict[str, Tensor], h: Tensor) -> Tensor:
+        sources = self._feat_in.pop(m, [])
+        tokens = mb[self.spec.tokens]
+        for k, mod in enumerate(self.spec.modalities):
+            lengths = mb[mod.lengths]
+            parts, index = [], []
+            for samples, feat in sources:
+                s = torch.tensor(samples, dtype=torch.long, device=self.device)
+                # split the source's rows into its per-modality blocks
+                sizes = [int(mb[x.lengths][s].sum()) for x in self.spec.modalities]
+                block = feat.split(sizes)[k]
+                if block.shape[0] == 0:
+                    continue
+                parts.append(block)
+                index.append(rows_of(lengths, s[lengths[s] > 0]))
+            if not parts:
+                continue
+            order = torch.argsort(torch.cat(index))
+            h = scatter_features(h, tokens, mod.token_id, torch.cat(parts)[order])
+        return h
+
+    def _llm_fwd(self, a: Action) -> tuple[Tensor, Tensor] | None:
+        mb = self._mbs[a.microbatch]
+        if self.layout.is_first:
+            h = self.spec.embedding(mb[self.spec.tokens])
+            h = self._assemble(a.microbatch, mb, h)
+        else:
+            h = self._act_in.pop(a.microbatch)
+            self._stage_in[a.microbatch] = h
+        for block in self.blocks:
+            h = block(h)
+        if self.layout.is_last:
+            total, count = self.spec.loss(self.spec.head(h), mb)
+            self._stage_out[a.microbatch] = total
+            return total, count
+        self._stage_out[a.microbatch] = h
+        return None
+
+    def _llm_bwd(self, a: Action) -> None:
+        out = self._stage_out.pop(a.microbatch)
+        if self.layout.is_last:
+            out.backward()
+        else:
+            torch.autograd.backward(out, self._grad_in.pop(a.microbatch))
+
+    # -- messages -------------------------------------------------------------------------
+    def _payload_tensor(self, a: Action) -> Tensor:
+        m = a.microbatch
+        if a.payload == Payload.ACTIVATION:
+            return self._stage_out[m].detach()
+        if a.payload == Payload.GRADIENT:
+            leaf = self._stage_in.pop(m)
+            return leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        if a.payload == Payload.FEATURES:
+            return self._enc_out[m].detach()
+        if a.payload == Payload.FEATURE_GRAD:
+            leaf = self._remote_feat.pop((m, a.peer))
+            return leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        raise OmniRuntimeError(f"action {a}: no tensor for payload {a.payload}")
+
+    def _recv_shape(self, a: Action) -> tuple[int, ...]:
+        mb = self._mbs[a.microbatch]
+        if a.payload in (Payload.ACTIVATION, Payload.GRADIENT):
+            return (*mb[self.spec.tokens].shape, self.hidden)
+        return (self._feature_rows(mb, a.samples), self.hidden)
+
+    def _send(self, a: Action) -> None:
+        t = self._payload_tensor(a).contiguous()
+        work = dist.isend(t, a.peer, tag=TAGS[a.payload])
+        self._pending[message_key(self.layout.rank, a)] = (work, t)
+
+    def _recv(self, a: Action) -> None:
+        buf = torch.empty(self._recv_shape(a), dtype=self.dtype, device=self.device)
+        work = dist.irecv(buf, a.peer, tag=TAGS[a.payload])
+        self._wait((work, buf), a)
+        m = a.microbatch
+        if a.payload == Payload.ACTIVATION:
+            self._act_in[m] = buf.requires_grad_()
+        elif a.payload == Payload.GRADIENT:
+            self._grad_in[m] = buf
+        elif a.payload == Payload.FEATURES:
+            leaf = buf.requires_grad_()
+            self._remote_feat[m, a.peer] = leaf
+            self._feat_in.setdefault(m, []).append((a.samples, leaf))
+        elif a.payload == Payload.FEATURE_GRAD:
+            self._feat_grad[m] = buf
+
+    def _wait(self, work_and_tensor: tuple, what: object) -> None:
+        work, _ = work_and_tensor
+        try:
+            ok = work.wait(self.timeout)
+        except RuntimeError as err:
+            raise OmniRuntimeError(
+                f"rank {self.layout.rank}: {what} did not complete within "
+                f"{self.timeout.total_seconds():.0f} s; a peer rank has probably died or "
+                f"stopped ({err})") from err
+        if ok is False:
+            raise OmniRuntimeError(f"rank {self.layout.rank}: {what} timed out after "
+                                   f"{self.timeout.total_seconds():.0f} s; a peer rank has "
+                                   "probably died or stopped")
+
+    def _allreduce(self, a: Action) -> None:
+        params = self.llm_params if a.payload == Payload.WEIGHT_GRADS else self.encoder_params
+        if len(a.group) <= 1 or not params:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        try:
+            dist.all_reduce(flat, group=self.groups[a.group])
+        except RuntimeError as err:
+            raise OmniRuntimeError(
+                f"rank {self.layout.rank}: gradient all-reduce over ranks {a.group} failed "
+                f"(timeout {self.timeout.total_seconds():.0f} s); a peer rank has probably "
+                f"died or stopped ({err})") from err
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).clone()
+            offset += n
+
+
+def _unique(params) -> list[Tensor]:
+    seen, out = set(), []
+    for p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+

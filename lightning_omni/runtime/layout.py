@@ -1,0 +1,92 @@
+"""Where a rank sits: its data-parallel replica and pipeline stage, and which blocks it hosts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Ranks are numbered replica by replica: ``rank = replica * pipeline + stage``."""
+
+    world_size: int
+    rank: int
+    pipeline: int
+    data: int
+    block_bounds: tuple[tuple[int, int], ...]  # [lo, hi) per stage
+
+    @property
+    def stage(self) -> int:
+        return self.rank % self.pipeline
+
+    @property
+    def replica(self) -> int:
+        return self.rank // self.pipeline
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.pipeline - 1
+
+    def peer(self, stage: int) -> int:
+        """Global rank of ``stage`` in this rank's replica."""
+        return self.replica * self.pipeline + stage
+
+    def stage_group(self, stage: int) -> tuple[int, ...]:
+        """Ranks hosting ``stage`` in every replica (its data-parallel group)."""
+        return tuple(d * self.pipeline + stage for d in range(self.data))
+
+
+def make_layout(world_size: int, rank: int, pipeline: int, data: int,
+                block_costs: Sequence[float], stage_blocks: Sequence[int] | None = None) -> Layout:
+    """Check the parallel sizes against the world and cut the blocks into stages."""
+    if pipeline < 1 or data < 1 or pipeline * data != world_size:
+        raise ValueError(f"pipeline_parallel * data_parallel: expected the world size "
+                         f"{world_size}, got {pipeline} * {data} = {pipeline * data}")
+    n = len(block_costs)
+    if stage_blocks is not None:
+        if len(stage_blocks) != pipeline or any(b < 1 for b in stage_blocks) or \
+                sum(stage_blocks) != n:
+            raise ValueError(f"stage_blocks: expected {pipeline} positive counts summing to "
+                             f"{n} blocks, got {list(stage_blocks)}")
+        counts = list(stage_blocks)
+    else:
+        counts = partition_blocks(block_costs, pipeline)
+    bounds, lo = [], 0
+    for c in counts:
+        bounds.append((lo, lo + c))
+        lo += c
+    return Layout(world_size, rank, pipeline, data, tuple(bounds))
+
+
+def partition_blocks(costs: Sequence[float], parts: int) -> list[int]:
+    """Contiguous split of ``costs`` into ``parts`` non-empty runs minimizing the largest run's
+    sum (exact dynamic program; block counts are small)."""
+    n = len(costs)
+    if parts > n:
+        raise ValueError(f"pipeline_parallel: expected at most {n} (the number of blocks), "
+                         f"got {parts}")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[k][i]: minimal max-sum splitting the first i blocks into k runs
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                v = max(best[k - 1][j], prefix[i] - prefix[j])
+                if v < best[k][i]:
+                    best[k][i], cut[k][i] = v, j
+    counts, i = [], n
+    for k in range(parts, 0, -1):
+        j = cut[k][i]
+        counts.append(i - j)
+        i = j
+    return counts[::-1]

@@ -1,0 +1,174 @@
+"""OmniSpec: how a LightningModule's encoders, LLM embedding, blocks, head and loss connect.
+
+A module opts in with ``configure_omni(self) -> OmniSpec``. The runtime needs the parts
+separately so it can run encoders on any rank and cut the LLM into pipeline stages; the
+module's own ``training_step`` stays the single-device reference and must compute the same
+thing, by the conventions below.
+
+Batch conventions (a dict of tensors, all with the batch dimension first):
+
+- ``batch[spec.tokens]`` ``[B, T]`` token ids, padded to a fixed T; each modality marks where its
+  features go with ``token_id`` placeholders, ``lengths[i]`` of them in sample i;
+- ``batch[modality.inputs]`` ``[B, L, ...]`` padded encoder inputs, ``batch[modality.lengths]``
+  ``[B]`` valid rows per sample (0: the sample has no such input);
+- the encoder maps ``(inputs[S], lengths[S]) -> [|S|, L, hidden]``, each sample independent of
+  the others (so any subset of samples may be encoded anywhere);
+- ``scatter_features`` puts the valid rows, sample by sample, at the placeholders;
+- ``loss(logits, batch) -> (sum, count)``: the loss summed over a (micro)batch and the number of
+  terms; the step's loss is the global sum over the global count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+
+class OmniSpecError(ValueError):
+    """An OmniSpec whose parts are missing or do not connect."""
+
+
+@dataclass(frozen=True)
+class Modality:
+    """One encoder (projector included) and where its features enter the LLM input."""
+
+    name: str
+    encoder: nn.Module
+    inputs: str
+    lengths: str
+    token_id: int
+
+
+@dataclass(frozen=True)
+class OmniSpec:
+    """The parts of a multimodal LLM, in the order the data flows through them."""
+
+    modalities: Sequence[Modality]
+    embedding: nn.Module
+    blocks: Sequence[nn.Module]
+    head: nn.Module
+    loss: Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, Tensor]]
+    tokens: str = "tokens"
+    # relative cost of one block (default: its parameter count), for balancing the stages
+    block_costs: Sequence[float] | None = None
+    extra: dict = field(default_factory=dict)
+
+    def validate(self, pipeline_parallel: int) -> None:
+        """Static checks, before any data is seen."""
+        _expect(isinstance(self.embedding, nn.Module), "embedding", "an nn.Module",
+                type(self.embedding).__name__)
+        _expect(isinstance(self.head, nn.Module), "head", "an nn.Module",
+                type(self.head).__name__)
+        _expect(callable(self.loss), "loss", "a callable (logits, batch) -> (sum, count)",
+                type(self.loss).__name__)
+        blocks = list(self.blocks)
+        _expect(len(blocks) >= pipeline_parallel, "blocks",
+                f"at least pipeline_parallel={pipeline_parallel} blocks", len(blocks))
+        for i, b in enumerate(blocks):
+            _expect(isinstance(b, nn.Module), f"blocks[{i}]", "an nn.Module", type(b).__name__)
+        names = [m.name for m in self.modalities]
+        _expect(len(set(names)) == len(names), "modalities", "unique names", names)
+        ids = [m.token_id for m in self.modalities]
+        _expect(len(set(ids)) == len(ids), "modalities", "distinct placeholder token ids", ids)
+        for m in self.modalities:
+            _expect(isinstance(m.encoder, nn.Module), f"modalities[{m.name}].encoder",
+                    "an nn.Module", type(m.encoder).__name__)
+        if self.block_costs is not None:
+            _expect(len(self.block_costs) == len(blocks) and all(c > 0 for c in self.block_costs),
+                    "block_costs", f"{len(blocks)} positive numbers", list(self.block_costs))
+
+    def costs_of_blocks(self) -> list[float]:
+        if self.block_costs is not None:
+            return [float(c) for c in self.block_costs]
+        return [float(sum(p.numel() for p in b.parameters())) or 1.0 for b in self.blocks]
+
+    def check_batch(self, batch: dict[str, Tensor]) -> None:
+        """Data checks on a real batch: keys, sizes and placeholder counts."""
+        _expect(isinstance(batch, dict), "batch", "a dict of tensors", type(batch).__name__)
+        keys = [self.tokens] + [k for m in self.modalities for k in (m.inputs, m.lengths)]
+        for k in keys:
+            _expect(k in batch and isinstance(batch[k], Tensor), f"batch[{k!r}]",
+                    "a tensor (named by the OmniSpec)", type(batch.get(k)).__name__)
+        tokens = batch[self.tokens]
+        _expect(tokens.dim() == 2, f"batch[{self.tokens!r}]", "shape [B, T]", tuple(tokens.shape))
+        for m in self.modalities:
+            lengths, x = batch[m.lengths], batch[m.inputs]
+            _expect(lengths.shape == tokens.shape[:1], f"batch[{m.lengths!r}]",
+                    f"shape [{tokens.shape[0]}]", tuple(lengths.shape))
+            _expect(x.shape[0] == tokens.shape[0] and x.dim() >= 2, f"batch[{m.inputs!r}]",
+                    f"shape [{tokens.shape[0]}, L, ...]", tuple(x.shape))
+            placeholders = (tokens == m.token_id).sum(dim=1)
+            if not torch.equal(placeholders, lengths.to(placeholders.dtype)):
+                bad = int((placeholders != lengths).nonzero()[0, 0])
+                raise OmniSpecError(
+                    f"batch: sample {bad} has {int(placeholders[bad])} {m.name!r} placeholder "
+                    f"tokens (id {m.token_id}) but {m.lengths}={int(lengths[bad])}; they must "
+                    "be equal")
+
+    @torch.no_grad()
+    def check_shapes(self, batch: dict[str, Tensor]) -> None:
+        """Run one sample through every part and check that the parts connect."""
+        one = {k: v[:1] for k, v in batch.items() if isinstance(v, Tensor)}
+        h = self.embedding(one[self.tokens])
+        _expect(isinstance(h, Tensor) and h.dim() == 3 and h.shape[:2] == one[self.tokens].shape,
+                "embedding", "output [B, T, hidden]", _shape(h))
+        for m in self.modalities:
+            n = int(one[m.lengths][0])
+            if n == 0:
+                continue
+            f = m.encoder(one[m.inputs], one[m.lengths])
+            _expect(isinstance(f, Tensor) and f.dim() == 3 and f.shape[-1] == h.shape[-1]
+                    and f.shape[1] >= n, f"modalities[{m.name}].encoder",
+                    f"output [B, L>={n}, hidden={h.shape[-1]}] (the embedding's width)",
+                    _shape(f))
+        for i, b in enumerate(self.blocks):
+            out = b(h)
+            _expect(isinstance(out, Tensor) and out.shape == h.shape, f"blocks[{i}]",
+                    f"output of its input's shape {tuple(h.shape)}", _shape(out))
+            h = out
+        logits = self.head(h)
+        _expect(isinstance(logits, Tensor) and logits.shape[:2] == h.shape[:2], "head",
+                f"output [B, T, ...] with B, T = {tuple(h.shape[:2])}", _shape(logits))
+        res = self.loss(logits, one)
+        _expect(isinstance(res, tuple) and len(res) == 2, "loss", "a (sum, count) pair",
+                type(res).__name__)
+
+
+def scatter_features(h: Tensor, tokens: Tensor, token_id: int, features: Tensor) -> Tensor:
+    """Put ``features`` ``[N, hidden]`` (sample by sample, row by row) at the ``token_id``
+    placeholders of ``tokens`` in the embedded sequence ``h``."""
+    mask = (tokens == token_id).unsqueeze(-1)
+    if features.shape[0] == 0:
+        return h
+    return h.masked_scatter(mask, features.to(h.dtype))
+
+
+def valid_rows(out: Tensor, lengths: Tensor) -> Tensor:
+    """The encoder output rows of each sample's valid positions, sample by sample."""
+    keep = torch.arange(out.shape[1], device=out.device) < lengths.to(out.device).unsqueeze(1)
+    return out[keep]
+
+
+def _shape(x: object) -> object:
+    return tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+
+
+def _expect(ok: bool, name: str, expected: str, got: object) -> None:
+    if not ok:
+        raise OmniSpecError(f"{name}: expected {expected}, got {got!r}")
+
+
+def get_spec(module: nn.Module) -> OmniSpec:
+    """The module's OmniSpec, or a clear error when it has none."""
+    hook = getattr(module, "configure_omni", None)
+    if not callable(hook):
+        raise OmniSpecError(
+            f"{type(module).__name__}: OmniStrategy needs the LightningModule to define "
+            "configure_omni(self) -> OmniSpec (see docs/omni/quickstart.md)")
+    spec = hook()
+    _expect(isinstance(spec, OmniSpec), f"{type(module).__name__}.configure_omni()",
+            "an OmniSpec", type(spec).__name__)
+    return spec

@@ -1,0 +1,293 @@
+"""A tiny omni model for runtime tests: image-like and audio-like encoders with variable lengths
+per sample (some samples and whole microbatches without images), a small GPT, and helpers to
+run Lightning on N spawned gloo processes."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from lightning_omni import Modality, OmniSpec
+from lightning_omni.spec import scatter_features, valid_rows
+
+PAD, IMG, AUD = 0, 1, 2
+VOCAB, SEQ = 24, 20
+IMG_DIM, IMG_MAX = 6, 5
+AUD_DIM, AUD_MAX = 4, 6
+
+
+class Encoder(nn.Module):
+    """Masked self-attention over a sample's rows, then a projector to the LLM width."""
+
+    def __init__(self, d_in: int, width: int, hidden: int) -> None:
+        super().__init__()
+        self.inp = nn.Linear(d_in, width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, hidden))
+
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+        h = torch.tanh(self.inp(x))
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        keep = torch.arange(x.shape[1]) < lengths.unsqueeze(1)
+        scores = q @ k.transpose(1, 2) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(~keep.unsqueeze(1), float("-inf"))
+        h = h + torch.softmax(scores, dim=-1) @ v
+        return self.proj(h)
+
+
+class Block(nn.Module):
+    def __init__(self, hidden: int, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.out = nn.Linear(hidden, hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.GELU(),
+                                 nn.Linear(2 * hidden, hidden))
+
+    def forward(self, h: Tensor) -> Tensor:
+        b, t, d = h.shape
+        q, k, v = self.qkv(self.ln1(h)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=True)
+        h = h + self.out(a.transpose(1, 2).reshape(b, t, d))
+        return h + self.mlp(self.ln2(h))
+
+
+class Embedding(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, hidden)
+        self.pos = nn.Parameter(torch.randn(SEQ, hidden) * 0.1)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.tok(tokens) + self.pos[: tokens.shape[1]]
+
+
+class Head(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, VOCAB)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.out(self.ln(h))
+
+
+def loss_terms(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    labels = batch["labels"]
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                            ignore_index=-100, reduction="sum")
+    return total, (labels != -100).sum()
+
+
+class OmniToy(pl.LightningModule):
+    """A multimodal LLM written for one device; ``configure_omni`` is the only Omni addition."""
+
+    def __init__(self, hidden: int = 16, layers: int = 4, lr: float = 1e-2,
+                 width: int = 12) -> None:
+        super().__init__()
+        self.lr = lr
+        self.image_encoder = Encoder(IMG_DIM, width, hidden)
+        self.audio_encoder = Encoder(AUD_DIM, width, hidden)
+        self.embed = Embedding(hidden)
+        self.blocks = nn.ModuleList(Block(hidden) for _ in range(layers))
+        self.head = Head(hidden)
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        tokens = batch["tokens"]
+        h = self.embed(tokens)
+        for enc, x, n, tid in ((self.image_encoder, batch["image"], batch["image_len"], IMG),
+                               (self.audio_encoder, batch["audio"], batch["audio_len"], AUD)):
+            has = (n > 0).nonzero().squeeze(1)
+            if has.numel():
+                h = scatter_features(h, tokens, tid, valid_rows(enc(x[has], n[has]), n[has]))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        total, count = loss_terms(self(batch), batch)
+        return total / count
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+    def configure_omni(self) -> OmniSpec:
+        return OmniSpec(
+            modalities=[Modality("image", self.image_encoder, "image", "image_len", IMG),
+                        Modality("audio", self.audio_encoder, "audio", "audio_len", AUD)],
+            embedding=self.embed, blocks=list(self.blocks), head=self.head, loss=loss_terms)
+
+
+class ToyData(Dataset):
+    """Deterministic samples; samples 4k..4k+3 of every 16 have no image, so with 4 samples per
+    microbatch a whole microbatch has none."""
+
+    def __init__(self, n: int, seed: int = 0, dtype: torch.dtype = torch.float64,
+                 no_image_block: int = 4) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.items = []
+        for i in range(n):
+            li = 0 if (i % 16) // no_image_block == 1 else int(torch.randint(1, IMG_MAX + 1, (1,),
+                                                                              generator=g))
+            la = int(torch.randint(0, AUD_MAX + 1, (1,), generator=g))
+            text = int(torch.randint(3, SEQ - li - la + 1, (1,), generator=g))
+            tokens = torch.full((SEQ,), PAD, dtype=torch.long)
+            tokens[:li] = IMG
+            tokens[li:li + la] = AUD
+            tokens[li + la:li + la + text] = torch.randint(3, VOCAB, (text,), generator=g)
+            labels = torch.full((SEQ,), -100, dtype=torch.long)
+            labels[li + la:li + la + text - 1] = tokens[li + la + 1:li + la + text]
+            image = torch.zeros(IMG_MAX, IMG_DIM, dtype=dtype)
+            image[:li] = torch.randn(li, IMG_DIM, generator=g, dtype=dtype)
+            audio = torch.zeros(AUD_MAX, AUD_DIM, dtype=dtype)
+            audio[:la] = torch.randn(la, AUD_DIM, generator=g, dtype=dtype)
+            self.items.append({"tokens": tokens, "labels": labels, "image": image,
+                               "image_len": torch.tensor(li), "audio": audio,
+                               "audio_len": torch.tensor(la)})
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return self.items[i]
+
+
+def make_model(seed: int = 0, **kw: Any) -> OmniToy:
+    torch.manual_seed(seed)
+    return OmniToy(**kw).double()
+
+
+def global_batches(data: ToyData, batch: int) -> list[dict[str, Tensor]]:
+    loader = DataLoader(data, batch_size=batch, shuffle=False)
+    return list(loader)
+
+
+def reference_run(steps: int, batch: int, data: ToyData, seed: int = 0,
+                  **kw: Any) -> dict[str, Any]:
+    """Single process, the module's own training_step on the global batch."""
+    model = make_model(seed, **kw)
+    opt = model.configure_optimizers()
+    losses, grads0 = [], None
+    for i, b in enumerate(global_batches(data, batch)[:steps]):
+        opt.zero_grad()
+        loss = model.training_step(b, i)
+        loss.backward()
+        if i == 0:
+            grads0 = {n: p.grad.clone() for n, p in model.named_parameters()}
+        losses.append(float(loss.detach()))
+        opt.step()
+    return {"losses": losses, "grads0": grads0,
+            "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+# -- running Lightning on spawned processes ---------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, out_dir: str, fn: Callable, args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                      RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0")
+    torch.set_num_threads(1)
+    try:
+        result: Any = ("ok", fn(rank, world, *args))
+    except BaseException:  # report every failure to the parent, with its traceback
+        result = ("error", traceback.format_exc())
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    import torch.distributed as dist
+
+    if dist.is_initialized() and result[0] == "ok":
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def spawn(fn: Callable, world: int, *args: Any, timeout: float = 150.0,
+          allow_failures: bool = False) -> list[Any]:
+    """``fn(rank, world, *args)`` on ``world`` spawned processes with torchrun-like environment
+    variables (Lightning then uses them instead of launching); per-rank results."""
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as out_dir:
+        port = _free_port()
+        procs = [ctx.Process(target=_entry, args=(r, world, port, out_dir, fn, args))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        results = []
+        for r in range(world):
+            path = Path(out_dir) / f"rank{r}.pt"
+            if not path.exists():
+                if allow_failures:
+                    results.append(("missing", p.exitcode))
+                    continue
+                raise RuntimeError(f"rank {r} wrote no result (hung: {hung}, exit codes: "
+                                   f"{[p.exitcode for p in procs]})")
+            status, value = torch.load(path, weights_only=False)
+            if status != "ok" and not allow_failures:
+                raise RuntimeError(f"rank {r} failed:\n{value}")
+            results.append((status, value) if allow_failures else value)
+        return results
+
+
+# -- a Lightning run on each rank, recording what the equivalence tests compare ----------------
+class _Record(pl.Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+        self.grads0: dict[str, Tensor] = {}
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
+        if not self.grads0:
+            hosted = trainer.strategy.engine.hosted_param_ids()
+            self.grads0 = {n: p.grad.clone() for n, p in module.named_parameters()
+                           if id(p) in hosted and p.grad is not None}
+
+
+def fit_worker(rank: int, world: int, pp: int, dp: int, schedules: list[str], steps: int,
+               batch: int, extra: dict | None = None) -> dict[str, Any]:
+    """Per schedule: losses, first-step gradients and final values of the hosted parameters."""
+    from lightning_omni import OmniStrategy
+
+    out = {}
+    for schedule in schedules:
+        model = make_model(0)
+        data = ToyData(batch * steps)
+        # the same global batches, in order, as the single-process reference
+        sampler = DistributedSampler(data, num_replicas=dp, rank=rank // pp, shuffle=False)
+        loader = DataLoader(data, batch_size=batch // dp, sampler=sampler)
+        rec = _Record()
+        strategy = OmniStrategy(pipeline_parallel=pp, data_parallel=dp, schedule=schedule,
+                                num_microbatches=4, **(extra or {}))
+        trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=strategy,
+                             max_steps=steps, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[rec], use_distributed_sampler=False)
+        trainer.fit(model, loader)
+        hosted = strategy.engine.hosted_param_ids() if strategy.engine else set()
+        out[schedule] = {"losses": rec.losses, "grads0": rec.grads0,
+                         "params": {n: p.detach().clone() for n, p in model.named_parameters()
+                                    if id(p) in hosted}}
+    return out
