@@ -56,7 +56,8 @@ def test_sync_mode_waits_for_each_update_and_faults_surface_with_traceback():
             policy.actor[0].weight.fill_(float("nan"))
         collector.publish(policy)
         start = time.monotonic()
-        with pytest.raises(CollectorError, match="(?s)Traceback.*(NaN or inf in the actions|invalid values)"):
+        failed = "(?s)Traceback.*(NaN or inf in the actions|invalid values)"
+        with pytest.raises(CollectorError, match=failed):
             while True:
                 slot, _ = collector.acquire(timeout=30)
                 collector.release(slot)
