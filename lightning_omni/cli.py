@@ -1,8 +1,10 @@
 """omni-plan: predict a launch before paying for it.
 
-Reads a workload YAML (models, cluster, batch, mixture), grid-searches each system's parallel
-layout under the same memory limit, prints predicted throughput per system and image share,
-and writes PNG plots (throughput against image share; one step's per-rank timeline).
+Reads a workload YAML (models, cluster, batch, mixture, optionally a run's phases),
+grid-searches each system's parallel layout under the same memory limit, prints predicted
+throughput per system and image share (and, for a run, run-level throughput with one layout per
+system), and writes PNG plots (throughput against image share; one step's per-rank timeline).
+Bad input exits with status 2 and a message naming the key; never a traceback.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .plan.run import design_steps, predict_run, sampled_steps, search_run
 from .plan.systems import SYSTEM_LABELS, Prediction, StepData, predict, search
 from .plots import plot_throughput, plot_timeline
-from .workload_yaml import WorkloadError, load_workload
+from .workload_yaml import PlanRequest, WorkloadError, load_workload
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,10 +37,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WorkloadError as err:
         print(f"omni-plan: {args.workload}: {err}", file=sys.stderr)
         return 2
+    try:
+        return _plan(request, args)
+    except ValueError as err:  # planning rejected an input the schema let through
+        print(f"omni-plan: {args.workload}: {err}", file=sys.stderr)
+        return 2
+
+
+def _plan(request: PlanRequest, args: argparse.Namespace) -> int:
     results: dict[str, list[tuple[float, Prediction]]] = {s: [] for s in request.systems}
     timeline: list[Prediction] = []
-    print(f"{request.name}: {len(request.scenarios)} mixes x {len(request.systems)} systems")
-    header = f"{'share':>5}  {'system':28} {'K tok/s':>9} {'step s':>8} {'stage0 GB':>9}  " \
+    cap_gb = request.cost.hardware.memory_cap_bytes / 1e9
+    print(f"{request.name}: {len(request.scenarios)} mixes x {len(request.systems)} systems "
+          f"(memory cap {cap_gb:.1f} GB per GPU)")
+    header = f"{'share':>5}  {'system':28} {'K tok/s':>9} {'step s':>8} {'peak GB':>8}  " \
              f"{'fits':4}  best layout"
     print(header)
     print("-" * len(header))
@@ -48,17 +61,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             best = search(system, scenario, request.cost, data, encoder_pools=pools).best
             results[system].append((ratio, best))
             print(f"{ratio:5.2f}  {SYSTEM_LABELS[system]:28} {best.tokens_per_s / 1e3:9.1f} "
-                  f"{best.step_seconds:8.3f} {best.stage0_memory_gb:9.1f}  "
+                  f"{best.step_seconds:8.3f} {max(best.stage_peak_memory_gb):8.1f}  "
                   f"{'no' if best.oom else 'yes':4}  {best.config}")
+            if best.oom:
+                print(f"       no layout of {SYSTEM_LABELS[system]} fits: the smallest peak "
+                      f"memory found is {max(best.stage_peak_memory_gb):.1f} GB against a cap "
+                      f"of {cap_gb:.1f} GB")
             if ratio == request.timeline_ratio:
                 timeline.append(predict(system, scenario, best.config, request.cost, data,
                                         record_timeline=True))
     _print_speedups(results)
+    summary: dict = {system: [{"image_ratio": r, "tokens_per_s": p.tokens_per_s,
+                               "step_seconds": p.step_seconds,
+                               "stage0_memory_gb": p.stage0_memory_gb,
+                               "peak_memory_gb": max(p.stage_peak_memory_gb),
+                               "oom": p.oom, "config": str(p.config)} for r, p in points]
+                     for system, points in results.items()}
+    if request.run is not None:
+        summary["run"] = _run_level(request, cap_gb)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    summary = {system: [{"image_ratio": r, "tokens_per_s": p.tokens_per_s,
-                         "step_seconds": p.step_seconds, "stage0_memory_gb": p.stage0_memory_gb,
-                         "oom": p.oom, "config": str(p.config)} for r, p in points]
-               for system, points in results.items()}
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if not args.no_plots:
         a = plot_throughput(results, args.out_dir / "throughput.png",
@@ -68,6 +89,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {a} and {b}")
     print(f"wrote {args.out_dir / 'summary.json'}")
     return 0
+
+
+def _run_level(request: PlanRequest, cap_gb: float) -> list[dict]:
+    """One layout per system for the whole run, priced on sampled steps."""
+    run = request.run
+    assert run is not None
+    design = design_steps(run, request.cost)
+    steps = sampled_steps(run, request.cost, request.sampled_steps, run.seed + 1)
+    print(f"\nrun {run.name}: {len(run.phases)} phases, one layout per system, "
+          f"{len(steps)} sampled steps")
+    head = f"{'system':28} {'K tok/s mean':>12} {'p5':>8} {'p95':>8} {'OOM steps':>9}  layout"
+    print(head)
+    print("-" * len(head))
+    rows = []
+    for system in request.systems:
+        pools = request.encoder_pools if system == "disaggregated" else None
+        found = search_run(system, run, request.cost, design, encoder_pools=pools)
+        pred = predict_run(system, found.config, steps, request.cost, run.name)
+        row = {"system": system, "layout": str(found.config), "fits_design": found.fits,
+               "tokens_per_s_mean": pred.tokens_per_s_mean,
+               "tokens_per_s_p5": pred.tokens_per_s_percentile(5),
+               "tokens_per_s_p95": pred.tokens_per_s_percentile(95),
+               "oom_steps": pred.oom_steps, "steps": len(steps), "peak_memory_gb": pred.peak_gb}
+        rows.append(row)
+        print(f"{SYSTEM_LABELS[system]:28} {row['tokens_per_s_mean'] / 1e3:12.1f} "
+              f"{row['tokens_per_s_p5'] / 1e3:8.1f} {row['tokens_per_s_p95'] / 1e3:8.1f} "
+              f"{pred.oom_steps:>4d}/{len(steps):<4d}  {found.config}")
+        if not found.fits:
+            print(f"    no layout of {SYSTEM_LABELS[system]} fits the run's design steps: the "
+                  f"smallest peak memory found is {found.smallest_peak_gb:.1f} GB against a "
+                  f"cap of {cap_gb:.1f} GB")
+        elif pred.oom:
+            print(f"    out of memory on {pred.oom_steps} of {len(steps)} sampled steps "
+                  f"(peak {pred.peak_gb:.1f} GB, cap {cap_gb:.1f} GB): an OOM run")
+    return rows
 
 
 def _print_speedups(results: dict[str, list[tuple[float, Prediction]]]) -> None:

@@ -114,8 +114,28 @@ class TransformerConfig:
 
     @property
     def attention_flops_per_token_sq(self) -> float:
-        """The ``b`` of ``a*l + b*l^2``: QK^T and AV, halved when causal."""
+        """The ``b`` of ``a*l + b*l^2``: QK^T and AV (2*l*l*hidden FLOPs each), halved when
+        causal (a causal kernel skips the masked half)."""
         return (2.0 if self.causal else 4.0) * self.hidden
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * (self.hidden // self.heads)
+
+    @property
+    def activation_bytes_per_token_layer(self) -> float:
+        """Bytes one layer keeps for backward per token, bf16, flash attention (no l^2 term).
+
+        Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+        Models", sec. 4.1) count 34*h for a GPT layer: attention 11h (QKV input 2h, Q and K
+        4h, V 2h, output-projection input 2h, dropout mask h), MLP 19h (2h input, 8h GeLU
+        input, 8h second-GEMM input, h mask), layer norms 4h. Written for any width: K and V
+        are ``kv_dim`` wide (GQA), the MLP keeps 2*ffn bytes per stored tensor and a gated MLP
+        stores one more (gate and up both feed the product)."""
+        h, kv, f = self.hidden, self.kv_dim, self.ffn_hidden
+        attention = 2 * h + 2 * h + 2 * kv + 2 * kv + 2 * h + h
+        mlp = 2 * h + (3 if self.gated_mlp else 2) * 2 * f + h
+        return float(attention + mlp + 4 * h)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +216,11 @@ class CostModel:
 
     hardware: Hardware
     fitted: Mapping[tuple[str, str], FittedCurve] = field(default_factory=dict)
+    # Backward over forward FLOPs. GEMMs: 2x (input and weight gradients; Narayanan et al.
+    # 2021, sec. 5.1). Attention core: 2.5x (five l^2 GEMMs against the forward's two;
+    # Dao 2023, FlashAttention-2, sec. 4.1 counts backward FLOPs as 2.5x forward).
     backward_factor: float = 2.0
-    activation_bytes_per_hidden: float = 34.0
+    attention_backward_factor: float = 2.5
     optimizer_bytes_per_param: float = 12.0
     weight_grad_bytes_per_param: float = 6.0
     runtime_overhead_bytes: float = 3e9
@@ -217,13 +240,61 @@ class CostModel:
         curve = self.fitted.get((model.name, phase))
         if curve is not None:
             return curve.seconds(lens) / tp
-        flops = model.linear_flops_per_token * lens + model.attention_flops_per_token_sq * lens**2
-        if phase == "bwd":
-            flops = flops * self.backward_factor
+        flops = self._flops(model, lens, lens * lens, phase)
         tokens = lens if batch_tokens is None else np.full_like(lens, float(batch_tokens))
         # Each GPU of a TP group sees the full token count but 1/tp of every GEMM's width.
         eff = self.hardware.efficiency(np.maximum(tokens, 1.0) / max(1.0, np.sqrt(tp)))
         return flops / (tp * self.hardware.peak_flops * eff)
+
+    def _flops(self, model: TransformerConfig, s1: np.ndarray, s2: np.ndarray,
+               phase: str) -> np.ndarray:
+        """FLOPs of one layer for token sum ``s1`` and squared-length sum ``s2``."""
+        linear = model.linear_flops_per_token * s1
+        attention = model.attention_flops_per_token_sq * s2
+        if phase == "bwd":
+            return linear * self.backward_factor + attention * self.attention_backward_factor
+        return linear + attention
+
+    def tp_comm_seconds(self, model: TransformerConfig, tokens: np.ndarray | float, tp: int,
+                        allreduces: int) -> np.ndarray | float:
+        """``allreduces`` ring all-reduces of a layer's ``tokens x hidden`` bf16 activations
+        over the TP group (NVLink): Megatron's TP needs two per layer per forward (after the
+        attention and the MLP block) and two per backward; a recomputed forward repeats its
+        two (Shoeybi et al. 2019, fig. 4). With sequence parallelism they become all-gather +
+        reduce-scatter pairs of the same volume (Korthikanti et al. 2022)."""
+        if tp <= 1:
+            return 0.0 * np.asarray(tokens, dtype=np.float64)
+        nbytes = np.asarray(tokens, dtype=np.float64) * model.hidden * BYTES_BF16
+        return allreduces * self.allreduce_seconds(nbytes, tp, inside_node=True)
+
+    def stack_fwd_bwd_each(self, model: TransformerConfig, lens: np.ndarray, layers: int,
+                           tp: int, recompute: bool, batch_tokens: float
+                           ) -> tuple[np.ndarray, np.ndarray]:
+        """``stack_seconds_each`` forward and backward of calls that share one batch, in one
+        pass (the planners' hot path; same numbers)."""
+        if self.fitted.get((model.name, "fwd")) or self.fitted.get((model.name, "bwd")):
+            return (self.stack_seconds_each(model, lens, layers, tp, "fwd", False,
+                                            batch_tokens),
+                    self.stack_seconds_each(model, lens, layers, tp, "bwd", recompute,
+                                            batch_tokens))
+        hw = self.hardware
+        linear = model.linear_flops_per_token * lens
+        attention = model.attention_flops_per_token_sq * lens * lens
+        eff = float(hw.efficiency(max(float(batch_tokens), 1.0) / max(1.0, np.sqrt(tp))))
+        rate = tp * hw.peak_flops * eff
+        fwd = (linear + attention) / rate
+        bwd = (linear * self.backward_factor + attention * self.attention_backward_factor) / rate
+        rounds_f, rounds_b = 2, 2
+        if recompute:
+            bwd = bwd + fwd
+            rounds_b = 4
+        if tp > 1:
+            per_round = 2 * (tp - 1) / tp * lens * model.hidden * BYTES_BF16 \
+                / hw.nvlink_bytes_per_s + 2 * (tp - 1) * hw.nvlink_latency_s * np.minimum(
+                    lens / max(float(batch_tokens), 1.0), 1.0)
+            fwd = fwd + rounds_f * per_round
+            bwd = bwd + rounds_b * per_round
+        return layers * fwd, layers * bwd
 
     def layer_seconds(self, model: TransformerConfig, lengths: Iterable[int] | np.ndarray,
                       tp: int = 1, phase: str = "fwd") -> float:
@@ -234,16 +305,23 @@ class CostModel:
                            layers: int, tp: int = 1, phase: str = "fwd",
                            recompute: bool = False,
                            batch_tokens: float | None = None) -> np.ndarray:
-        """``layers`` layers per call, with the TP all-reduce bandwidth term and the backward's
-        recompute. Latency terms are per batch: ``stack_seconds`` adds them."""
+        """``layers`` layers per call, with the TP all-reduces and the backward's recompute.
+
+        Calls run together in a batch of ``batch_tokens``: each call carries its token share
+        of the batch's all-reduce latency (alone, a call pays all of it)."""
         lens = _as_lengths(lengths)
         _require(layers >= 0, "layers", ">= 0", layers)
         seconds = self.layer_seconds_each(model, lens, tp, phase, batch_tokens)
+        rounds = 2
         if phase == "bwd" and recompute:
             seconds = seconds + self.layer_seconds_each(model, lens, tp, "fwd", batch_tokens)
+            rounds = 4
         if tp > 1:
-            bw = self.hardware.nvlink_bytes_per_s
-            seconds = seconds + 2 * 2 * (tp - 1) / tp * lens * model.hidden * BYTES_BF16 / bw
+            hw = self.hardware
+            latency = rounds * 2 * (tp - 1) * hw.nvlink_latency_s
+            share = 1.0 if batch_tokens is None else lens / max(float(batch_tokens), 1.0)
+            seconds = seconds + rounds * 2 * (tp - 1) / tp * lens * model.hidden * BYTES_BF16 \
+                / hw.nvlink_bytes_per_s + latency * np.minimum(share, 1.0)
         return layers * seconds
 
     def stack_seconds(self, model: TransformerConfig, lengths: Iterable[int] | np.ndarray,
@@ -271,20 +349,16 @@ class CostModel:
             curve = self.fitted.get((model.name, ph))
             if curve is not None:
                 return (curve.c * calls + curve.a * s1 + curve.b * s2) / tp
-            flops = model.linear_flops_per_token * s1 + model.attention_flops_per_token_sq * s2
-            if ph == "bwd":
-                flops = flops * self.backward_factor
+            flops = self._flops(model, s1, s2, ph)
             eff = self.hardware.efficiency(np.maximum(s1, 1.0) / max(1.0, np.sqrt(tp)))
             return flops / (tp * self.hardware.peak_flops * eff)
 
         seconds = one_pass(phase)
+        rounds = 2
         if phase == "bwd" and recompute:
             seconds = seconds + one_pass("fwd")
-        if tp > 1:
-            hw = self.hardware
-            seconds = seconds + 4 * (tp - 1) * (
-                s1 * model.hidden * BYTES_BF16 / (tp * hw.nvlink_bytes_per_s)
-                + hw.nvlink_latency_s)
+            rounds = 4
+        seconds = seconds + self.tp_comm_seconds(model, s1, tp, rounds)
         return np.where(calls > 0, layers * seconds, 0.0)
 
     def logits_seconds(self, model: TransformerConfig, tokens: float, tp: int,
@@ -340,14 +414,20 @@ class CostModel:
         return local * (self.weight_grad_bytes_per_param
                         + self.optimizer_bytes_per_param / max(1, dp_shards))
 
-    def activation_bytes(self, model: TransformerConfig, tokens: float, layers: int, tp: int,
-                         recompute: bool) -> float:
-        """Activations kept for backward. Full recompute keeps only each layer's input."""
-        per_token_layer = (2.0 if recompute else self.activation_bytes_per_hidden) * model.hidden
-        kept = tokens * layers * per_token_layer / tp
-        if recompute and layers:
-            kept += tokens * self.activation_bytes_per_hidden * model.hidden / tp
-        return kept
+    def activation_bytes(self, model: TransformerConfig, tokens: float | np.ndarray,
+                         layers: int, tp: int, recompute: bool) -> float | np.ndarray:
+        """Activations a microbatch keeps for backward, split over TP with sequence
+        parallelism (Korthikanti et al. 2022: every term divides by t). Full recompute keeps
+        only each layer's bf16 input (2*h bytes per token); the one layer being recomputed at
+        a time is a transient working set: ``recompute_working_bytes``, counted once per rank,
+        not per microbatch in flight."""
+        per_token_layer = (2.0 * model.hidden if recompute
+                           else model.activation_bytes_per_token_layer)
+        return tokens * layers * per_token_layer / tp
+
+    def recompute_working_bytes(self, model: TransformerConfig, tokens: float, tp: int) -> float:
+        """One layer's full activations for ``tokens``: what recomputation rebuilds at a time."""
+        return tokens * model.activation_bytes_per_token_layer / tp
 
     def logits_bytes(self, model: TransformerConfig, tokens: float, tp: int) -> float:
         return tokens * model.vocab * 4.0 / tp

@@ -6,8 +6,15 @@
   stages, LSSP inside each stage's GPUs (``uniform_insertion`` + ``split_microbatch`` +
   ``plan_reorder``).
 
-A simulated rank is one pipeline stage's TP group (its GPUs act in lockstep). One DP replica is
-simulated: the heaviest one, since the step waits for the slowest replica.
+A simulated rank is one pipeline stage's TP group (its GPUs act in lockstep). Every DP replica
+is priced on its own microbatches; the step takes as long as the slowest replica and needs the
+memory of the fullest one (``predict``).
+
+GPU placement follows Megatron-LM's default rank order (``tp-cp-ep-dp-pp``: TP innermost, PP
+outermost), for every system: stage s of replica d starts at GPU ``dp * offset(s) + d *
+width(s)``, so a stage's DP group is one contiguous block and stages of one replica sit
+``dp * tp`` GPUs apart (in other nodes once that reaches a node). A disaggregated encoder pool
+takes the GPUs after the LLM's.
 """
 
 from __future__ import annotations
@@ -55,33 +62,77 @@ class _Priced:
     llm_bwd: list[np.ndarray]
     llm_act: list[np.ndarray]
     enc_fwd: dict[tuple[int, int], float]
+    enc_bwd: dict[tuple[int, int], float]
     enc_mem: dict[tuple[int, int], float]
-    enc_bwd_ratio: float
     static: list[float]
     collective_seconds: list[float]
 
 
 class StepPricer:
-    """Builds a system's schedule and the prices of its actions for one config."""
+    """Builds a system's schedule and the prices of its actions for one config and one DP
+    replica (``replica`` indexes the replicas of ``StepData.replicas``)."""
 
-    def __init__(self, data: StepData, system: str, config: ParallelConfig) -> None:
+    def __init__(self, data: StepData, system: str, config: ParallelConfig,
+                 replica: int = 0) -> None:
         _require(system in SYSTEMS, "system", f"one of {SYSTEMS}", system)
-        self.d, self.system, self.cfg = data, system, config
+        _require(0 <= replica < config.dp, "replica", f"in [0, dp={config.dp})", replica)
+        self.d, self.system, self.cfg, self.replica = data, system, config, replica
         self.sc, self.cost = data.scenario, data.cost
+        self.off = frozenset(self.sc.omni_off) if system == "omni" else frozenset()
         self.layers = _stage_layers(self.sc.llm.layers, config.pp, config.stage0_layer_fraction)
-        self.replica_kind = "omni" if system == "omni" else "loader"
-        self.mbs = data.heaviest_replica(self.replica_kind, config.dp)
+        self.replica_kind = "omni" if system == "omni" and "reorder" not in self.off \
+            else "loader"
+        self.mbs = data.replicas(self.replica_kind, config.dp)[replica]
         self.num_mb = len(self.mbs)
+        self._key = (self.replica_kind, config.dp, replica)
+        self._widths = [self._width(s) for s in range(config.pp)]
+        self._offsets = [sum(self._widths[:s]) for s in range(config.pp)]
+
+    # -- placement ------------------------------------------------------------------------
+    def separate_encoder_stage(self) -> bool:
+        """Megatron-like with an encoder-only first stage may give it its own TP
+        (Megatron-LM's ``encoder_tensor_model_parallel_size`` requires the encoder on its own
+        pipeline stage and at most the LLM's TP)."""
+        return (self.system == "megatron" and self.cfg.pp > 1 and self.layers[0] == 0
+                and self.cfg.encoder_tp != self.cfg.tp)
+
+    def _width(self, stage: int) -> int:
+        return self.cfg.encoder_tp if stage == 0 and self.separate_encoder_stage() \
+            else self.cfg.tp
+
+    def stage_width(self, stage: int) -> int:
+        """GPUs of one stage of one replica."""
+        return self._widths[stage]
+
+    def llm_gpus(self) -> int:
+        return self.cfg.dp * sum(self._widths)
+
+    def stage_gpu(self, stage: int, replica: int | None = None) -> int:
+        """First GPU of ``stage`` of a replica (Megatron order, see the module docstring);
+        stage ``pp`` is the disaggregated encoder pool."""
+        d = self.replica if replica is None else replica
+        if stage >= self.cfg.pp:
+            lanes = max(1, self.cfg.encoder_gpus // self.cfg.encoder_tp)
+            return self.llm_gpus() + (d * lanes // self.cfg.dp) * self.cfg.encoder_tp
+        return self.cfg.dp * self._offsets[stage] + d * self._widths[stage]
+
+    def inside_node(self, stage_a: int, stage_b: int) -> bool:
+        g = self.sc.hardware.gpus_per_node
+        return self.stage_gpu(stage_a) // g == self.stage_gpu(stage_b) // g
+
+    def _block_inside_node(self, first_gpu: int, gpus: int) -> bool:
+        g = self.sc.hardware.gpus_per_node
+        return first_gpu // g == (first_gpu + max(gpus, 1) - 1) // g
 
     # -- LLM ------------------------------------------------------------------------------
     def llm_seconds_all(self, stage: int, phase: str) -> np.ndarray:
         """Seconds of every microbatch of this replica on one stage (vectorized, cached)."""
         last = stage == self.cfg.pp - 1
-        key = ("llm", self.replica_kind, self.cfg.dp, self.layers[stage], last, phase,
-               self.cfg.tp, self.cfg.recompute)
+        key = ("llm", self._key, self.layers[stage], last, phase, self.cfg.tp,
+               self.cfg.recompute)
         cached = self.d.arrays.get(key)
         if cached is None:
-            calls, s1, s2 = self.d.llm_moments(self.replica_kind, self.cfg.dp)
+            calls, s1, s2 = self.d.llm_moments(*self._key)
             cached = self.cost.batch_seconds(self.sc.llm, calls, s1, s2, self.layers[stage],
                                              self.cfg.tp, phase, self.cfg.recompute)
             if last:
@@ -95,11 +146,10 @@ class StepPricer:
 
     def llm_activation_all(self, stage: int) -> np.ndarray:
         last = stage == self.cfg.pp - 1
-        key = ("act", self.replica_kind, self.cfg.dp, self.layers[stage], last, self.cfg.tp,
-               self.cfg.recompute)
+        key = ("act", self._key, self.layers[stage], last, self.cfg.tp, self.cfg.recompute)
         cached = self.d.arrays.get(key)
         if cached is None:
-            _, tokens, _ = self.d.llm_moments(self.replica_kind, self.cfg.dp)
+            _, tokens, _ = self.d.llm_moments(*self._key)
             cached = self.cost.activation_bytes(self.sc.llm, tokens, self.layers[stage],
                                                 self.cfg.tp, self.cfg.recompute)
             if last:
@@ -111,42 +161,58 @@ class StepPricer:
         return float(self.llm_activation_all(stage)[m])
 
     def llm_static_bytes(self, stage: int) -> float:
+        """Weights, gradients and optimizer state of a stage, the input embedding on the
+        first stage and the (untied) output head on the last (both at PP1), plus the
+        recompute working set of the largest microbatch when the LLM recomputes."""
         llm = self.sc.llm
         params = self.layers[stage] * llm.params_per_layer
-        if stage == 0 or stage == self.cfg.pp - 1:
-            params += llm.vocab * llm.hidden
-        return (self.cost.param_bytes(params, self.cfg.tp, self.cfg.dp)
-                + self.cost.runtime_overhead_bytes)
-
-    def stage_gpu(self, stage: int) -> int:
-        return stage * self.cfg.tp
-
-    def inside_node(self, stage_a: int, stage_b: int) -> bool:
-        g = self.sc.hardware.gpus_per_node
-        return self.stage_gpu(stage_a) // g == self.stage_gpu(stage_b) // g
+        head = llm.embedding_params / 2
+        if stage == 0:
+            params += head
+        if stage == self.cfg.pp - 1:
+            params += head
+        static = (self.cost.param_bytes(params, self.stage_width(stage), self.cfg.dp)
+                  + self.cost.runtime_overhead_bytes)
+        if self.cfg.recompute and self.layers[stage]:
+            _, tokens, _ = self.d.llm_moments(*self._key)
+            static += self.cost.recompute_working_bytes(llm, float(tokens.max(initial=0.0)),
+                                                        self.cfg.tp)
+        return static
 
     # -- encoder --------------------------------------------------------------------------
-    def enc_items(self, indices: Sequence[int], tp: int, batch_tokens: float) -> list[WorkItem]:
+    def enc_items(self, indices: Sequence[int], tp: int,
+                  batch_tokens: float) -> tuple[list[WorkItem], float]:
+        """LSSP work items of these samples' encoder calls, and the backward / forward
+        seconds ratio over them (GEMMs 2x, attention 2.5x, plus a recomputed forward)."""
         enc = self.sc.encoder
         idx = [i for i in indices if self.d.enc_tokens[i] > 0]
         if not idx:
-            return []
+            return [], self.cost.backward_factor
         lens = self.d.enc_tokens[idx]
-        fwd = self.cost.stack_seconds_each(enc, lens, enc.layers, tp, "fwd",
-                                           batch_tokens=batch_tokens)
-        mem = self.cost.activation_bytes(enc, 1.0, enc.layers, tp,
-                                         self.cfg.encoder_recompute) * lens
-        a2a = enc.layers * 4 * lens * enc.hidden * BYTES_BF16 / tp / \
-            self.sc.hardware.nvlink_bytes_per_s
-        return [WorkItem(i, float(f), float(b), float(a))
-                for i, f, b, a in zip(idx, fwd, mem, a2a, strict=True)]
+        fwd, bwd = self.cost.stack_fwd_bwd_each(enc, lens, enc.layers, tp,
+                                                self.cfg.encoder_recompute, batch_tokens)
+        mem = self.cost.activation_bytes(enc, lens, enc.layers, tp, self.cfg.encoder_recompute)
+        a2a = self.ulysses_alltoall_seconds(lens, tp)
+        items = list(map(WorkItem, idx, fwd.tolist(), mem.tolist(), a2a.tolist()))
+        return items, float(bwd.sum() / fwd.sum())
 
-    @property
-    def bwd_ratio(self) -> float:
-        return self.cost.backward_factor + (1.0 if self.cfg.encoder_recompute else 0.0)
+    def ulysses_alltoall_seconds(self, lens: np.ndarray, tp: int) -> np.ndarray:
+        """``WorkItem.alltoall_seconds``: per layer four all-to-alls (Q, K, V in, the output
+        back; Jacobs et al. 2023, DeepSpeed-Ulysses) of the call's ``l x hidden / tp`` bf16
+        activations, forward only (the backward's mirror is in the backward factor)."""
+        enc = self.sc.encoder
+        return enc.layers * 4 * lens * enc.hidden * BYTES_BF16 / tp / \
+            self.sc.hardware.nvlink_bytes_per_s
 
     def enc_static_bytes(self, tp: int, replicas: int) -> float:
         return self.cost.param_bytes(self.sc.encoder.total_params, tp, replicas)
+
+    def enc_working_bytes(self, tp: int, indices: Sequence[int]) -> float:
+        """Encoder recompute's transient working set: one layer of the largest call."""
+        if not self.cfg.encoder_recompute or not len(indices):
+            return 0.0
+        return self.cost.recompute_working_bytes(
+            self.sc.encoder, float(self.d.enc_tokens[list(indices)].max(initial=0.0)), tp)
 
     # -- build ----------------------------------------------------------------------------
     def _schedule(self, key: tuple, make) -> Schedule:
@@ -156,34 +222,47 @@ class StepPricer:
         return self.d.schedules[key]
 
     def build(self) -> _Priced:
+        if self.system == "omni" and "multiplexing" in self.off:
+            return self._disaggregated()
         return {"megatron": self._megatron, "disaggregated": self._disaggregated,
                 "omni": self._omni}[self.system]()
 
+    def _grad_seconds(self, parts: Sequence[tuple[float, int, bool]]) -> float:
+        """Gradient all-reduces of one rank: (bytes, group size, inside a node) each."""
+        return float(sum(self.cost.allreduce_seconds(b, g, inside) for b, g, inside in parts))
+
+    def _stage_grad(self, stage: int, extra_bytes: float = 0.0) -> tuple[float, int, bool]:
+        """A stage's DP all-reduce: its weight gradients (layers, and the embedding or the
+        output head on the first or last stage) over the ``dp`` replicas, one contiguous
+        block of ``dp * width`` GPUs."""
+        width = self.stage_width(stage)
+        llm = self.sc.llm
+        params = self.layers[stage] * llm.params_per_layer
+        params += llm.embedding_params / 2 * ((stage == 0) + (stage == self.cfg.pp - 1))
+        nbytes = params * BYTES_BF16 / self.cfg.tp
+        first = self.cfg.dp * self._offsets[stage]
+        return (nbytes + extra_bytes, self.cfg.dp,
+                self._block_inside_node(first, self.cfg.dp * width))
+
     def _common(self, sched: Schedule, enc_fwd: dict[tuple[int, int], float],
-                enc_mem: dict[tuple[int, int], float], static: list[float], transfer_extra,
-                grad_bytes: list[float], grad_group: list[int],
+                enc_bwd: dict[tuple[int, int], float], enc_mem: dict[tuple[int, int], float],
+                static: list[float], transfer_extra, grad_seconds: list[float],
                 exchange_seconds: float = 0.0) -> _Priced:
         pp = self.cfg.pp
         llm_f = [self.llm_seconds_all(s, "fwd") for s in range(pp)]
         llm_b = [self.llm_seconds_all(s, "bwd") for s in range(pp)]
         act = [self.llm_activation_all(s) for s in range(pp)]
-        ratio = self.bwd_ratio
         hidden_bytes = self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp
-        _, mb_tokens, _ = self.d.llm_moments(self.replica_kind, self.cfg.dp)
-        # a data-parallel group stays inside a node only when all its replicas fit in one
-        gpn = self.sc.hardware.gpus_per_node
-        replica_gpus = self.cfg.tp * self.cfg.pp
-        grad_seconds = [self.cost.allreduce_seconds(
-            grad_bytes[r], grad_group[r], inside_node=grad_group[r] * replica_gpus <= gpn)
-            for r in range(len(grad_bytes))]
+        _, mb_tokens, _ = self.d.llm_moments(*self._key)
 
         def compute(rank: int, a: Action) -> float:
             if a.kind == Kind.LLM_FWD:
                 return float(llm_f[a.stage][a.microbatch])
             if a.kind == Kind.LLM_BWD:
                 return float(llm_b[a.stage][a.microbatch])
-            t = enc_fwd.get((rank, a.microbatch), 0.0)
-            return t if a.kind == Kind.ENC_FWD else t * ratio
+            if a.kind == Kind.ENC_FWD:
+                return enc_fwd.get((rank, a.microbatch), 0.0)
+            return enc_bwd.get((rank, a.microbatch), 0.0)
 
         def memory(rank: int, a: Action) -> float:
             if a.kind in (Kind.LLM_FWD, Kind.LLM_BWD):
@@ -203,34 +282,40 @@ class StepPricer:
 
         costs = StepCosts(compute, transfer, collective, memory, lambda r: static[r],
                           self.sc.hardware.memory_cap_bytes)
-        return _Priced(sched, costs, llm_f, llm_b, act, enc_fwd, enc_mem, ratio, static,
+        return _Priced(sched, costs, llm_f, llm_b, act, enc_fwd, enc_bwd, enc_mem, static,
                        [g + exchange_seconds for g in grad_seconds])
 
     def _feature_seconds(self, indices: Sequence[int], inside: bool) -> float:
-        tokens = float(self.d.enc_llm_tokens[list(indices)].sum()) if indices else 0.0
+        """Encoder features (or their gradients) of these samples: their LLM tokens x hidden
+        bf16, split over the receiving stage's TP ranks."""
+        tokens = float(self.d.enc_llm_tokens[list(indices)].sum()) if len(indices) else 0.0
+        if tokens <= 0:
+            return 0.0
         return self.cost.p2p_seconds(tokens * self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp,
                                      inside)
 
-    def _llm_grad_bytes(self, stage: int) -> float:
-        return self.layers[stage] * self.sc.llm.params_per_layer * BYTES_BF16 / self.cfg.tp
-
     def _megatron(self) -> _Priced:
         cfg, enc = self.cfg, self.sc.encoder
+        etp = self.stage_width(0)
         sched = self._schedule(("encoder_first_stage", cfg.pp, self.num_mb),
                                lambda: encoder_first_stage(cfg.pp, self.num_mb, grad_sync=True))
-        enc_fwd, enc_mem = {}, {}
+        enc_fwd, enc_bwd, enc_mem = {}, {}, {}
         for m, mb in enumerate(self.mbs):
             lens = self.d.enc_tokens[mb]
             lens = lens[lens > 0]
-            enc_fwd[0, m] = self.cost.stack_seconds(enc, lens, enc.layers, cfg.tp, "fwd")
-            enc_mem[0, m] = self.cost.activation_bytes(enc, float(lens.sum()), enc.layers, cfg.tp,
-                                                       cfg.encoder_recompute)
+            enc_fwd[0, m] = self.cost.stack_seconds(enc, lens, enc.layers, etp, "fwd")
+            enc_bwd[0, m] = self.cost.stack_seconds(enc, lens, enc.layers, etp, "bwd",
+                                                    cfg.encoder_recompute)
+            enc_mem[0, m] = float(self.cost.activation_bytes(
+                enc, float(lens.sum()), enc.layers, etp, cfg.encoder_recompute))
         static = [self.llm_static_bytes(s) for s in range(cfg.pp)]
-        static[0] += self.enc_static_bytes(cfg.tp, cfg.dp)
-        grad = [self._llm_grad_bytes(s) for s in range(cfg.pp)]
-        grad[0] += enc.total_params * BYTES_BF16 / cfg.tp
-        return self._common(sched, enc_fwd, enc_mem, static, lambda r, a: 0.0, grad,
-                            [cfg.dp] * cfg.pp)
+        static[0] += self.enc_static_bytes(etp, cfg.dp) + self.enc_working_bytes(
+            etp, [i for mb in self.mbs for i in mb])
+        grads = [self._stage_grad(s) for s in range(cfg.pp)]
+        b0, g0, in0 = grads[0]
+        grads[0] = (b0 + enc.total_params * BYTES_BF16 / etp, g0, in0)
+        return self._common(sched, enc_fwd, enc_bwd, enc_mem, static, lambda r, a: 0.0,
+                            [self._grad_seconds([g]) for g in grads])
 
     def _disaggregated(self) -> _Priced:
         cfg, enc = self.cfg, self.sc.encoder
@@ -240,117 +325,180 @@ class StepPricer:
         lanes_total = cfg.encoder_gpus // cfg.encoder_tp
         lanes = lanes_total / cfg.dp
         cap = self.sc.hardware.memory_cap_bytes
-        enc_fwd, enc_mem = {}, {}
+        # Omni's ablation without multiplexing keeps LSSP inside the pool's lanes.
+        heads = enc.heads // cfg.encoder_tp if self.system == "omni" and \
+            "lssp" not in self.off else 1
+        enc_fwd, enc_bwd, enc_mem = {}, {}, {}
         width = max(1, int(lanes))
         scale = width / lanes
         for m, mb in enumerate(self.mbs):
-            key = ("disagg", cfg.dp, m, cfg.encoder_tp, width, cfg.encoder_recompute)
+            key = ("disagg", self._key, m, cfg.encoder_tp, width, heads, cfg.encoder_recompute)
             if key not in self.d.splits:
                 tokens = float(self.d.enc_tokens[mb].sum())
-                items = self.enc_items(mb, cfg.encoder_tp, max(tokens / width, 1.0))
-                split = split_microbatch(items, width, 1, cap, m)
-                self.d.splits[key] = (split.makespan, max(split.peak_memory_bytes, default=0.0))
-            t, b = self.d.splits[key]
+                items, ratio = self.enc_items(mb, cfg.encoder_tp, max(tokens / width, 1.0))
+                split = split_microbatch(items, width, heads, cap, m)
+                self.d.splits[key] = (split.makespan, split.makespan * ratio,
+                                      max(split.peak_memory_bytes, default=0.0))
+            t, tb, b = self.d.splits[key]
             enc_fwd[enc_rank, m] = t * scale
+            enc_bwd[enc_rank, m] = tb * scale
             enc_mem[enc_rank, m] = b * scale
         static = [self.llm_static_bytes(s) for s in range(cfg.pp)]
         static.append(self.enc_static_bytes(cfg.encoder_tp, lanes_total)
-                      + self.cost.runtime_overhead_bytes)
+                      + self.cost.runtime_overhead_bytes
+                      + self.enc_working_bytes(cfg.encoder_tp, [i for mb in self.mbs
+                                                               for i in mb]))
 
         def transfer(rank: int, a: Action) -> float:
-            return self._feature_seconds(self.mbs[a.microbatch], inside=False)
+            return self._feature_seconds(self.mbs[a.microbatch],
+                                         self.inside_node(cfg.pp, 0))
 
-        grad = [self._llm_grad_bytes(s) for s in range(cfg.pp)]
-        grad.append(enc.total_params * BYTES_BF16 / cfg.encoder_tp)
-        group = [cfg.dp] * cfg.pp + [lanes_total]
-        return self._common(sched, enc_fwd, enc_mem, static, transfer, grad, group)
+        grads = [self._grad_seconds([self._stage_grad(s)]) for s in range(cfg.pp)]
+        grads.append(self._grad_seconds([(
+            enc.total_params * BYTES_BF16 / cfg.encoder_tp, lanes_total,
+            self._block_inside_node(self.llm_gpus(), cfg.encoder_gpus))]))
+        exchange = self._exchange_seconds() if self.replica_kind == "omni" else 0.0
+        if exchange:
+            grads = [g + exchange for g in grads]
+        return self._common(sched, enc_fwd, enc_bwd, enc_mem, static, transfer, grads)
+
+    def _exchange_seconds(self) -> float:
+        """Grouped reordering's sample all-to-all inside a locality group of replicas."""
+        group = min(self.cfg.dp, self.sc.reorder_group_replicas)
+        self.d.replicas("omni", self.cfg.dp)
+        return self.cost.exchange_seconds(self.d.exchange_bytes.get(self.cfg.dp, 0.0), group,
+                                          inside_node=False)
 
     def _omni(self) -> _Priced:
         cfg, enc = self.cfg, self.sc.encoder
         pp, lanes = cfg.pp, cfg.tp // cfg.encoder_tp
-        heads = enc.heads // cfg.encoder_tp
+        heads = 1 if "lssp" in self.off else enc.heads // cfg.encoder_tp
+        uniform = "uniform_insertion" not in self.off
         cap = self.sc.hardware.memory_cap_bytes * self.sc.lssp_memory_fraction
-        shares, enc_fwd, enc_mem = [], {}, {}
+        shares, enc_fwd, enc_bwd, enc_mem = [], {}, {}, {}
         rank_samples: dict[tuple[int, int], tuple[int, ...]] = {}
         for m, mb in enumerate(self.mbs):
             with_enc = [i for i in mb if self.d.enc_tokens[i] > 0]
             if not with_enc:
                 shares.append([1.0 / pp] * pp)
                 continue
-            spread_key = ("spread", cfg.dp, pp, m)
+            spread_key = ("spread", self._key, pp, m, uniform)
             if spread_key not in self.d.spreads:
-                # the drain's microbatches skip stage 0 (see schedule.default_shares)
-                skip0 = pp > 1 and m >= self.num_mb - pp
-                items = [Item(i, float(self.d.enc_unit[i])) for i in with_enc]
-                local = [[], items] if skip0 else [items, []]
-                local += [[] for _ in range(pp - 2)]
-                groups = [1] + [0] * (pp - 1) if skip0 else [0] * pp
-                spread = plan_reorder(local[:pp], groups[:pp])
-                self.d.spreads[spread_key] = (spread.load_after, spread.assignment)
+                if uniform:
+                    # the drain's microbatches skip stage 0 (see schedule.default_shares)
+                    skip0 = pp > 1 and m >= self.num_mb - pp
+                    items = [Item(i, float(self.d.enc_unit[i])) for i in with_enc]
+                    local = [[], items] if skip0 else [items, []]
+                    local += [[] for _ in range(pp - 2)]
+                    groups = [1] + [0] * (pp - 1) if skip0 else [0] * pp
+                    spread = plan_reorder(local[:pp], groups[:pp])
+                    self.d.spreads[spread_key] = (spread.load_after, spread.assignment)
+                else:  # ablation: stage 0 runs all of it (over its encoder lanes)
+                    self.d.spreads[spread_key] = (
+                        (1.0,) + (0.0,) * (pp - 1), (tuple(with_enc),) + ((),) * (pp - 1))
             load_after, assignment = self.d.spreads[spread_key]
             total = sum(load_after)
             shares.append([x / total for x in load_after])
             for r, assigned in enumerate(assignment):
                 if not assigned:
                     continue
-                key = ("omni", cfg.dp, pp, m, r, cfg.encoder_tp, lanes, cfg.encoder_recompute)
+                key = ("omni", self._key, pp, m, r, cfg.encoder_tp, lanes, heads,
+                       cfg.encoder_recompute, uniform)
                 if key not in self.d.splits:
                     tokens = float(self.d.enc_tokens[list(assigned)].sum())
-                    items = self.enc_items(assigned, cfg.encoder_tp, max(tokens / lanes, 1.0))
+                    items, ratio = self.enc_items(assigned, cfg.encoder_tp,
+                                                  max(tokens / lanes, 1.0))
                     split = split_microbatch(items, lanes, heads, cap, m)
-                    self.d.splits[key] = (split.makespan, max(split.peak_memory_bytes))
-                enc_fwd[r, m], enc_mem[r, m] = self.d.splits[key]
+                    self.d.splits[key] = (split.makespan, split.makespan * ratio,
+                                          max(split.peak_memory_bytes))
+                enc_fwd[r, m], enc_bwd[r, m], enc_mem[r, m] = self.d.splits[key]
                 rank_samples[r, m] = assigned
-        # shares depend only on (dp, pp): every layout with them shares one schedule
-        sched = self._schedule(("uniform_insertion", cfg.dp, pp),
+        exchange_on = cfg.dp > 1 and self.replica_kind == "omni"
+        sched = self._schedule(("uniform_insertion", self._key, pp, uniform, exchange_on),
                                lambda: uniform_insertion(pp, self.num_mb, shares, grad_sync=True,
-                                                         sample_exchange=cfg.dp > 1))
+                                                         sample_exchange=exchange_on))
         replicas = cfg.dp * pp * lanes
+        all_samples = [i for mb in self.mbs for i in mb]
         static = [self.llm_static_bytes(s) + self.enc_static_bytes(cfg.encoder_tp, replicas)
-                  for s in range(pp)]
+                  + self.enc_working_bytes(cfg.encoder_tp, all_samples) for s in range(pp)]
 
         def transfer(rank: int, a: Action) -> float:
             sender = rank if a.payload == Payload.FEATURES else a.peer
             return self._feature_seconds(rank_samples.get((sender, a.microbatch), ()),
                                          self.inside_node(rank, a.peer))
 
-        grad = [self._llm_grad_bytes(s) + enc.total_params * BYTES_BF16 / cfg.encoder_tp
-                for s in range(pp)]
-        group = min(cfg.dp, self.sc.reorder_group_replicas)
-        exchange = self.cost.exchange_seconds(self.d.exchange_bytes.get(cfg.dp, 0.0), group,
-                                              inside_node=False)
-        return self._common(sched, enc_fwd, enc_mem, static, transfer, grad, [cfg.dp] * pp,
+        # LLM gradients over the stage's DP group; encoder gradients over every encoder
+        # replica holding the same TP shard: all dp * pp * lanes of them, across the cluster.
+        enc_grad = (enc.total_params * BYTES_BF16 / cfg.encoder_tp, replicas,
+                    self._block_inside_node(0, self.llm_gpus()))
+        grads = [self._grad_seconds([self._stage_grad(s), enc_grad]) for s in range(pp)]
+        exchange = self._exchange_seconds() if exchange_on else 0.0
+        return self._common(sched, enc_fwd, enc_bwd, enc_mem, static, transfer, grads,
                             exchange)
+
+
+def price_replicas(system: str, data: StepData, config: ParallelConfig,
+                   replicas: Sequence[int] | None = None
+                   ) -> list[tuple[int, float, list[float], _Priced]]:
+    """(replica, estimated seconds, exact peak bytes per rank, prices) of the given (default:
+    all) replicas."""
+    from .search import estimate_priced, rank_peaks  # the closed forms live with the search
+
+    out = []
+    for r in range(config.dp) if replicas is None else replicas:
+        pricer = StepPricer(data, system, config, r)
+        pr = pricer.build()
+        out.append((r, estimate_priced(pricer, pr), rank_peaks(pricer, pr), pr))
+    return out
 
 
 def predict(system: str, scenario: Scenario, config: ParallelConfig,
             cost: CostModel | None = None, data: StepData | None = None,
-            record_timeline: bool = False) -> Prediction:
-    """Simulate one step of ``system`` under ``config``."""
+            record_timeline: bool = False, simulate_replicas: int | None = 4) -> Prediction:
+    """Simulate one step of ``system`` under ``config``: every DP replica is priced; memory is
+    the fullest replica's (exact: peak memory depends only on program order), time the
+    slowest replica's among the ``simulate_replicas`` with the largest closed-form estimate
+    (``None``: simulate all of them)."""
     cost = cost or CostModel(scenario.hardware)
     data = data or StepData(scenario, cost)
     _check_config(system, scenario, config)
-    priced = StepPricer(data, system, config).build()
-    sim = simulate(priced.schedule, priced.costs, record_timeline=record_timeline)
+    priced = price_replicas(system, data, config)
+    order = sorted(priced, key=lambda x: (-x[1], x[0]))
+    chosen = order if simulate_replicas is None else order[:max(1, simulate_replicas)]
+    sims = [(r, pr, simulate(pr.schedule, pr.costs, record_timeline=record_timeline))
+            for r, _, _, pr in chosen]
+    slowest_r, slowest_pr, slowest = max(sims, key=lambda x: (x[2].step_seconds, -x[0]))
+    # peak memory per rank over every replica (each replica's own schedule and prices)
+    peaks = [max(p[2][rank] for p in priced) for rank in range(slowest_pr.schedule.num_ranks)]
+    cap = scenario.hardware.memory_cap_bytes
     tokens = scenario.global_batch * scenario.seq_len
-    peaks = tuple(p / 1e9 for p in sim.peak_memory_bytes)
-    return Prediction(system, scenario.name, config, sim.step_seconds,
-                      tokens / sim.step_seconds if sim.step_seconds else 0.0, peaks,
-                      any(sim.oom), sim.busy_fraction, priced.schedule, sim)
+    step = slowest.step_seconds
+    return Prediction(system, scenario.name, config, step, tokens / step if step else 0.0,
+                      tuple(p / 1e9 for p in peaks), any(p > cap for p in peaks),
+                      slowest.busy_fraction, slowest_pr.schedule, slowest, slowest_r,
+                      len(sims), tuple(s.step_seconds for _, _, s in sorted(
+                          sims, key=lambda x: x[0])))
 
 
 def _check_config(system: str, scenario: Scenario, cfg: ParallelConfig) -> None:
     _require(system in SYSTEMS, "system", f"one of {SYSTEMS}", system)
-    llm_gpus = cfg.tp * cfg.pp * cfg.dp
-    _require(llm_gpus + cfg.encoder_gpus <= scenario.num_gpus, "config",
-             f"at most {scenario.num_gpus} GPUs", str(cfg))
     _require(cfg.pp <= scenario.llm.layers, "config.pp", f"<= {scenario.llm.layers} layers",
              cfg.pp)
     _require(cfg.dp <= scenario.global_batch, "config.dp",
              f"<= global_batch={scenario.global_batch}", cfg.dp)
-    if system == "disaggregated":
+    pool_system = system == "disaggregated" or (system == "omni"
+                                                and "multiplexing" in scenario.omni_off)
+    llm_gpus = cfg.tp * cfg.pp * cfg.dp
+    if system == "megatron" and cfg.encoder_tp != cfg.tp and cfg.pp > 1 and \
+            _stage_layers(scenario.llm.layers, cfg.pp, cfg.stage0_layer_fraction)[0] == 0:
+        _require(cfg.tp % cfg.encoder_tp == 0, "config.encoder_tp",
+                 f"a divisor of tp={cfg.tp}", cfg.encoder_tp)
+        llm_gpus = cfg.dp * (cfg.encoder_tp + cfg.tp * (cfg.pp - 1))
+    _require(llm_gpus + cfg.encoder_gpus <= scenario.num_gpus, "config",
+             f"at most {scenario.num_gpus} GPUs", str(cfg))
+    if pool_system:
         _require(cfg.encoder_gpus >= cfg.encoder_tp, "config.encoder_gpus",
-                 f">= encoder_tp={cfg.encoder_tp} for the disaggregated system", cfg.encoder_gpus)
-    if system == "omni":
+                 f">= encoder_tp={cfg.encoder_tp} for an encoder pool", cfg.encoder_gpus)
+    elif system == "omni":
         _require(cfg.tp % cfg.encoder_tp == 0, "config.encoder_tp", f"a divisor of tp={cfg.tp}",
                  cfg.encoder_tp)

@@ -12,11 +12,15 @@ from .workload import Mixture
 SYSTEMS = ("megatron", "disaggregated", "omni")
 SYSTEM_LABELS = {"megatron": "Megatron-like", "disaggregated": "Disaggregated (DistMM-like)",
                  "omni": "Omni"}
+# Omni's techniques, each of which a scenario may turn off (ablations): grouped reordering
+# across replicas, LSSP inside a stage's encoder lanes, uniform insertion of encoder work over
+# the stages, and multiplexing (encoders colocated with the LLM instead of a separate pool).
+OMNI_TECHNIQUES = ("reorder", "lssp", "uniform_insertion", "multiplexing")
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """A launch to predict: models, cluster size, batch shape and data mix."""
+    """A launch to predict: models, cluster size, batch shape and data mix (one step)."""
 
     name: str
     encoder: TransformerConfig
@@ -29,8 +33,11 @@ class Scenario:
     seed: int = 0
     reorder_group_replicas: int = 8
     lssp_memory_fraction: float = 0.2
+    omni_off: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for t in self.omni_off:
+            _require(t in OMNI_TECHNIQUES, "omni_off", f"names from {OMNI_TECHNIQUES}", t)
         _require(self.num_gpus >= 1, "num_gpus", ">= 1", self.num_gpus)
         _require(self.global_batch >= 1, "global_batch", ">= 1", self.global_batch)
         _require(self.seq_len >= 16, "seq_len", ">= 16", self.seq_len)
@@ -73,6 +80,9 @@ class Prediction:
     busy_fraction: tuple[float, ...]
     schedule: Schedule = field(repr=False)
     sim: SimResult = field(repr=False)
+    slowest_replica: int = 0
+    replicas_simulated: int = 1
+    replica_step_seconds: tuple[float, ...] = ()
 
     @property
     def stage0_memory_gb(self) -> float:

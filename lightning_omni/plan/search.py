@@ -1,8 +1,9 @@
 """Grid search of parallel layouts: the same grid and memory limit for every system.
 
 Candidates whose weights alone do not fit are dropped, the rest are ranked by a closed-form
-estimate (exact program-order peak memory; busiest rank's work plus a warm-up term) and the
-most promising are simulated.
+estimate (exact program-order peak memory; busiest rank's work plus a warm-up term) on the
+replicas most likely to be slowest or fullest, and the most promising are priced on every
+replica and simulated.
 """
 
 from __future__ import annotations
@@ -47,12 +48,15 @@ def candidate_configs(system: str, scenario: Scenario,
                       encoder_pools: Sequence[int] | None = None,
                       grid: Grid = DEFAULT_GRID) -> list[ParallelConfig]:
     """Every layout the grid search may pick for ``system`` (same grid for all systems where
-    the system has the dimension). ``encoder_pools`` restricts the disaggregated pool sizes."""
+    the system has the dimension). ``encoder_pools`` restricts the encoder pool sizes of a
+    system with a pool (disaggregated; Omni without multiplexing)."""
     _require(system in SYSTEMS, "system", f"one of {SYSTEMS}", system)
     n = scenario.num_gpus
     out = []
+    pooled = system == "disaggregated" or (system == "omni"
+                                           and "multiplexing" in scenario.omni_off)
     enc_pools = [0]
-    if system == "disaggregated":
+    if pooled:
         enc_pools = list(encoder_pools) if encoder_pools else encoder_pool_choices(n)
         for pool in enc_pools:
             _require(1 <= pool < n, "encoder_pools", f"sizes in [1, {n})", pool)
@@ -67,19 +71,43 @@ def candidate_configs(system: str, scenario: Scenario,
                     continue
                 for (recompute, enc_recompute), cut in itertools.product(
                         grid.recompute, grid.stage0_fractions if pp > 1 else (1.0,)):
-                    if system == "megatron":
-                        out.append(ParallelConfig(tp, pp, dp, recompute, 0, tp, enc_recompute,
-                                                  cut))
-                    elif system == "disaggregated":
+                    if pooled:
                         for etp in grid.tp:
                             if etp <= pool and pool % etp == 0:
                                 out.append(ParallelConfig(tp, pp, dp, recompute, pool, etp,
                                                           enc_recompute, cut))
+                    elif system == "megatron":
+                        out.append(ParallelConfig(tp, pp, dp, recompute, 0, tp, enc_recompute,
+                                                  cut))
                     else:
                         for etp in grid.tp:
                             if tp % etp == 0:
                                 out.append(ParallelConfig(tp, pp, dp, recompute, 0, etp,
                                                           enc_recompute, cut))
+            if system == "megatron":
+                out += _separate_encoder_stage(scenario, grid, tp, n)
+    return out
+
+
+def _separate_encoder_stage(scenario: Scenario, grid: Grid, tp: int,
+                            n: int) -> list[ParallelConfig]:
+    """Megatron-like layouts whose first stage runs only the encoder, at a smaller TP than
+    the LLM's (Megatron-LM ``encoder_tensor_model_parallel_size``): a replica then takes
+    ``encoder_tp + tp * (pp - 1)`` GPUs; GPUs left over idle."""
+    out = []
+    if 0.0 not in grid.stage0_fractions:
+        return out
+    for pp in grid.pp:
+        if pp < 2 or pp > scenario.llm.layers:
+            continue
+        for etp in grid.tp:
+            if etp >= tp or tp % etp:
+                continue
+            dp = min(n // (etp + tp * (pp - 1)), scenario.global_batch)
+            if dp < 1:
+                continue
+            for recompute, enc_recompute in grid.recompute:
+                out.append(ParallelConfig(tp, pp, dp, recompute, 0, etp, enc_recompute, 0.0))
     return out
 
 
@@ -94,83 +122,113 @@ def static_memory_fits(pricer: StepPricer) -> bool:
     """Weights, gradients and optimizer state alone fit: a cheap first filter of the grid."""
     cfg, cap = pricer.cfg, pricer.sc.hardware.memory_cap_bytes
     stage0 = pricer.llm_static_bytes(0)
-    if pricer.system == "megatron":
-        stage0 += pricer.enc_static_bytes(cfg.tp, cfg.dp)
-    elif pricer.system == "omni":
-        stage0 += pricer.enc_static_bytes(cfg.encoder_tp, cfg.dp * cfg.pp
-                                          * (cfg.tp // cfg.encoder_tp))
-    else:
+    pooled = pricer.system == "disaggregated" or "multiplexing" in pricer.off
+    if pooled:
         pool = (pricer.enc_static_bytes(cfg.encoder_tp, cfg.encoder_gpus // cfg.encoder_tp)
                 + pricer.cost.runtime_overhead_bytes)
         if pool > cap:
             return False
+    elif pricer.system == "megatron":
+        stage0 += pricer.enc_static_bytes(pricer.stage_width(0), cfg.dp)
+    else:
+        stage0 += pricer.enc_static_bytes(cfg.encoder_tp, cfg.dp * cfg.pp
+                                          * (cfg.tp // cfg.encoder_tp))
     return stage0 <= cap and pricer.llm_static_bytes(cfg.pp - 1) <= cap
 
 
-def estimate(pricer: StepPricer) -> tuple[float, float]:
-    """(step seconds, worst peak bytes) without the event simulation.
-
-    Peak memory is exact: it depends only on each rank's program order. Time is the busiest
-    rank's work plus a pipeline warm-up term; it only ranks candidates before simulating the
-    most promising ones, with the same formula for every system.
-    """
-    pr = pricer.build()
+def rank_peaks(pricer: StepPricer, pr=None) -> list[float]:
+    """Exact peak bytes of every rank of one replica: static memory plus the largest running
+    sum of activation deltas in program order (what the simulator also computes)."""
+    pr = pr or pricer.build()
     sched = pr.schedule
     traces = pricer.d.memory_traces(sched)
     n = pricer.num_mb
-    enc_f_all: dict[int, np.ndarray] = {}
-    enc_b_all: dict[int, np.ndarray] = {}
-    for (r, m), t in pr.enc_fwd.items():
-        enc_f_all.setdefault(r, np.zeros(n))[m] = t
+    enc_mem: dict[int, np.ndarray] = {}
     for (r, m), b in pr.enc_mem.items():
-        enc_b_all.setdefault(r, np.zeros(n))[m] = b
+        enc_mem.setdefault(r, np.zeros(n))[m] = b
     zeros = np.zeros(n)
-    work, peak = [], []
+    peaks = []
     for rank in range(sched.num_ranks):
         stage = sched.stage_of(rank)
-        enc_f = enc_f_all.get(rank, zeros)
-        enc_b = enc_b_all.get(rank, zeros)
-        busy = enc_f.sum() * (1.0 + pr.enc_bwd_ratio) + pr.collective_seconds[rank]
+        is_llm, mbs, signs = traces[rank]
+        if mbs.size:
+            act = pr.llm_act[stage] if stage >= 0 else zeros
+            deltas = np.where(is_llm, act[mbs], enc_mem.get(rank, zeros)[mbs]) * signs
+            peaks.append(pr.static[rank] + max(0.0, float(np.cumsum(deltas).max())))
+        else:
+            peaks.append(pr.static[rank])
+    return peaks
+
+
+def estimate(pricer: StepPricer) -> tuple[float, float]:
+    """(step seconds, worst peak bytes) of one replica without the event simulation.
+
+    Peak memory is exact: it depends only on each rank's program order. Time is the busiest
+    rank's work plus a pipeline warm-up term; it only ranks candidates (and replicas) before
+    simulating the most promising ones, with the same formula for every system.
+    """
+    pr = pricer.build()
+    return estimate_priced(pricer, pr), max(rank_peaks(pricer, pr))
+
+
+def estimate_priced(pricer: StepPricer, pr) -> float:
+    """The time part of ``estimate`` for an already built replica."""
+    sched = pr.schedule
+    n = pricer.num_mb
+    enc_work: dict[int, float] = {}
+    for (r, m), t in pr.enc_fwd.items():
+        enc_work[r] = enc_work.get(r, 0.0) + t + pr.enc_bwd.get((r, m), 0.0)
+    work = []
+    for rank in range(sched.num_ranks):
+        stage = sched.stage_of(rank)
+        busy = enc_work.get(rank, 0.0) + pr.collective_seconds[rank]
         if stage >= 0:
             busy += pr.llm_fwd[stage].sum() + pr.llm_bwd[stage].sum()
         work.append(float(busy))
-        is_llm, mbs, signs = traces[rank]
-        if mbs.size:
-            act = pr.llm_act[stage] if stage >= 0 else np.zeros(n)
-            deltas = np.where(is_llm, act[mbs], enc_b[mbs]) * signs
-            peak.append(pr.static[rank] + max(0.0, float(np.cumsum(deltas).max())))
-        else:
-            peak.append(pr.static[rank])
     slowest = max(work)
-    warm = (sched.num_stages - 1) * slowest / max(n, 1)
-    return slowest + warm, max(peak)
+    return slowest + (sched.num_stages - 1) * slowest / max(n, 1)
+
+
+def screen(system: str, data: StepData, cfg: ParallelConfig,
+           memory: bool = True) -> tuple[bool, float, float]:
+    """(over the cap, estimated seconds, peak bytes) of a layout on one step, from the
+    replicas ``StepData.screen_replicas`` picks (heaviest work; with ``memory`` also the one
+    with the most encoder tokens)."""
+    cap = data.scenario.hardware.memory_cap_bytes
+    probe = StepPricer(data, system, cfg)
+    if not static_memory_fits(probe):
+        return True, math.inf, math.inf
+    heavy, full = data.screen_replicas(probe.replica_kind, cfg.dp)
+    ests = [estimate(StepPricer(data, system, cfg, r))
+            for r in ((heavy, full) if memory and full != heavy else (heavy,))]
+    t, mem = max(e[0] for e in ests), max(e[1] for e in ests)
+    return mem > cap, t, mem
 
 
 def search(system: str, scenario: Scenario, cost: CostModel | None = None,
            data: StepData | None = None, top_k: int = 4,
            encoder_pools: Sequence[int] | None = None,
-           grid: Grid = DEFAULT_GRID) -> SearchResult:
-    """Grid search: screen all candidates in closed form, simulate the ``top_k`` that fit in
-    memory (or, if none fits, the ``top_k`` smallest), return the fastest non-OOM one."""
+           grid: Grid = DEFAULT_GRID, max_checked: int = 16) -> SearchResult:
+    """Grid search on one step: screen all candidates in closed form, then price the most
+    promising on every replica (``predict``) until ``top_k`` fit or ``max_checked`` were
+    tried; return the fastest that fits (or, if none does, the one with the least memory)."""
     cost = cost or CostModel(scenario.hardware)
     data = data or StepData(scenario, cost)
-    cap = scenario.hardware.memory_cap_bytes
     scored = []
     for cfg in candidate_configs(system, scenario, encoder_pools, grid):
-        pricer = StepPricer(data, system, cfg)
-        if not static_memory_fits(pricer):
-            scored.append((True, math.inf, cfg))
-            continue
-        est_t, est_mem = estimate(pricer)
-        scored.append((est_mem > cap, est_t if est_mem <= cap else est_mem, cfg))
+        over, t, mem = screen(system, data, cfg)
+        scored.append((over, t if not over else mem, cfg))
     _require(bool(scored), "scenario", f"at least one layout for {system}", scenario.name)
     scored.sort(key=lambda x: (x[0], x[1], x[2]))
-    chosen = [cfg for _, _, cfg in scored[:top_k]]
-    preds = [predict(system, scenario, cfg, cost, data) for cfg in chosen]
+    preds = []
+    for _, _, cfg in scored[:max(top_k, max_checked)]:
+        preds.append(predict(system, scenario, cfg, cost, data))
+        if sum(not p.oom for p in preds) >= top_k or len(preds) >= top_k and preds[-1].oom \
+                and scored[len(preds) - 1][0]:
+            break
     ok = [p for p in preds if not p.oom]
-    pool = ok or preds
-    best = (min(pool, key=lambda p: (p.step_seconds, p.config)) if ok
-            else min(pool, key=lambda p: (max(p.stage_peak_memory_gb), p.config)))
+    best = (min(ok, key=lambda p: (p.step_seconds, p.config)) if ok
+            else min(preds, key=lambda p: (max(p.stage_peak_memory_gb), p.config)))
     return SearchResult(best, tuple(preds), len(scored))
 
 

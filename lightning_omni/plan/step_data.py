@@ -65,6 +65,7 @@ class StepData:
         self.traces: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self.splits: dict[tuple, tuple[float, float]] = {}
         self.spreads: dict[tuple, tuple[tuple[float, ...], tuple[tuple[int, ...], ...]]] = {}
+        self._screen: dict[tuple, tuple[int, ...]] = {}
 
     def memory_traces(self, schedule: Schedule) -> list[tuple[np.ndarray, np.ndarray,
                                                             np.ndarray]]:
@@ -114,28 +115,36 @@ class StepData:
             self.exchange_bytes[dp] = float(max(moved, default=0.0))
         return self._replicas[key]
 
-    def llm_moments(self, kind: str, dp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per microbatch of the heaviest replica: samples, sum and sum of squares of their
-        LLM lengths (document-masked attention is per sample)."""
-        key = ("moments", kind, dp)
+    def replicas(self, kind: str, dp: int) -> list[list[list[int]]]:
+        """Every replica's microbatches (sample indices): reordered for ``kind == "omni"``,
+        else as the loaders yield them."""
+        return self.reordered_replicas(dp) if kind == "omni" else self.loader_replicas(dp)
+
+    def llm_moments(self, kind: str, dp: int, replica: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per microbatch of one replica: samples, sum and sum of squares of their LLM
+        lengths (document-masked attention is per sample)."""
+        key = ("moments", kind, dp, replica)
         if key not in self.arrays:
-            mbs = self.heaviest_replica(kind, dp)
+            mbs = self.replicas(kind, dp)[replica]
             lens = [self.llm_tokens[mb] for mb in mbs]
             self.arrays[key] = np.array([[len(x), x.sum(), (x * x).sum()] for x in lens]).T
         calls, s1, s2 = self.arrays[key]
         return calls, s1, s2
 
-    def heaviest_replica(self, kind: str, dp: int) -> list[list[int]]:
-        key = ("heaviest", kind, dp)
-        if key not in self._replicas:
-            reps = self.reordered_replicas(dp) if kind == "omni" else self.loader_replicas(dp)
-            self._replicas[key] = [self.heaviest(reps)]
-        return self._replicas[key][0]
-
-    def heaviest(self, replicas: list[list[list[int]]]) -> list[list[int]]:
-        loads = [sum(float(self.enc_unit[i] + self.llm_unit[i]) for mb in rep for i in mb)
-                 for rep in replicas]
-        return replicas[int(np.argmax(loads))]
+    def screen_replicas(self, kind: str, dp: int) -> tuple[int, ...]:
+        """Replicas a closed-form screen looks at: (the heaviest by the balancing cost, the
+        one with the most encoder tokens in a microbatch), for time and memory. The final
+        check prices every replica (``pricing.predict``)."""
+        key = ("screen", kind, dp)
+        if key not in self._screen:
+            reps = self.replicas(kind, dp)
+            loads = [sum(float(self.enc_unit[i] + self.llm_unit[i]) for mb in rep for i in mb)
+                     for rep in reps]
+            enc = [max((float(self.enc_tokens[mb].sum()) for mb in rep), default=0.0)
+                   for rep in reps]
+            self._screen[key] = (int(np.argmax(loads)), int(np.argmax(enc)))
+        return self._screen[key]
 
 
 def _pack_ffd(indices: list[int], tokens: np.ndarray, bins: int, capacity: int) -> list[list[int]]:

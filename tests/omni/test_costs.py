@@ -84,8 +84,89 @@ def test_memory_model_recompute_and_sharding():
     cost = CostModel(H100_80G)
     full = cost.activation_bytes(LLAMA_70B, 8192, 10, 8, recompute=False)
     rec = cost.activation_bytes(LLAMA_70B, 8192, 10, 8, recompute=True)
-    assert rec < full / 4
+    # full recompute keeps each layer's bf16 input only: 2*h bytes per token per layer
+    assert rec == pytest.approx(8192 * 10 * 2 * LLAMA_70B.hidden / 8)
+    assert cost.recompute_working_bytes(LLAMA_70B, 8192, 8) == pytest.approx(full / 10)
     assert cost.param_bytes(70e9, 8, 64) < cost.param_bytes(70e9, 8, 1)
+
+
+def test_activation_bytes_per_token_follow_the_layer_shape():
+    # Korthikanti et al.: 34*h for a GPT layer (ffn 4h, no GQA, plain MLP)
+    gpt = TransformerConfig("gpt", layers=1, hidden=1024, heads=16, ffn_hidden=4096)
+    assert gpt.activation_bytes_per_token_layer == 34 * 1024
+    # GQA shrinks K and V (2 bytes each per kv element); a gated MLP stores 2*ffn more
+    gqa = TransformerConfig("gqa", layers=1, hidden=1024, heads=16, ffn_hidden=4096,
+                            kv_heads=4)
+    assert gpt.activation_bytes_per_token_layer - gqa.activation_bytes_per_token_layer == \
+        4 * (1024 - 256)
+    gated = TransformerConfig("g", layers=1, hidden=1024, heads=16, ffn_hidden=4096,
+                              gated_mlp=True)
+    assert gated.activation_bytes_per_token_layer - gpt.activation_bytes_per_token_layer == \
+        2 * 4096
+
+
+# ---- closed forms on tiny numbers (each fails if its term is dropped) ---------------------
+TINY = TransformerConfig("tiny", layers=2, hidden=64, heads=4, ffn_hidden=256)
+TINY_BIDIR = TransformerConfig("tiny-bidir", layers=2, hidden=64, heads=4, ffn_hidden=256,
+                               causal=False)
+
+
+def _rate(cost: CostModel, tokens: float, tp: int = 1) -> float:
+    hw = cost.hardware
+    return tp * hw.peak_flops * hw.max_efficiency * (tokens / np.sqrt(tp)) / (
+        tokens / np.sqrt(tp) + hw.half_efficiency_tokens)
+
+
+def test_layer_flops_closed_form_causal_and_backward():
+    cost = CostModel(H100_80G)
+    l, h, p = 1000.0, 64, TINY.params_per_layer  # noqa: E741
+    assert p == 4 * h * h + 2 * h * 256
+    fwd = (2 * p * l + 2 * h * l * l) / _rate(cost, l)           # causal: half of 4*h*l^2
+    bwd = (2 * 2 * p * l + 2.5 * 2 * h * l * l) / _rate(cost, l)  # GEMMs 2x, attention 2.5x
+    assert cost.layer_seconds(TINY, [l]) == pytest.approx(fwd, rel=1e-12)
+    assert cost.layer_seconds(TINY, [l], phase="bwd") == pytest.approx(bwd, rel=1e-12)
+    bidir = (2 * p * l + 4 * h * l * l) / _rate(cost, l)
+    assert cost.layer_seconds(TINY_BIDIR, [l]) == pytest.approx(bidir, rel=1e-12)
+
+
+def test_tp_allreduces_closed_form_with_recompute():
+    cost = CostModel(H100_80G)
+    hw, l, tp = H100_80G, 1000.0, 4  # noqa: E741
+    one = 2 * (tp - 1) / tp * l * 64 * 2 / hw.nvlink_bytes_per_s + 2 * (tp - 1) * \
+        hw.nvlink_latency_s
+    compute_f = cost.layer_seconds_each(TINY, [l], tp)[0]
+    compute_b = cost.layer_seconds_each(TINY, [l], tp, "bwd")[0]
+    assert cost.stack_seconds(TINY, [l], 3, tp) == pytest.approx(3 * (compute_f + 2 * one))
+    assert cost.stack_seconds(TINY, [l], 3, tp, "bwd") == pytest.approx(
+        3 * (compute_b + 2 * one))
+    # a recomputed forward repeats its two all-reduces
+    assert cost.stack_seconds(TINY, [l], 3, tp, "bwd", recompute=True) == pytest.approx(
+        3 * (compute_b + compute_f + 4 * one))
+    # per call (the encoder's path) the same terms, latency included
+    f, b = cost.stack_fwd_bwd_each(TINY, np.array([l]), 3, tp, True, l)
+    assert f[0] == pytest.approx(3 * (compute_f + 2 * one))
+    assert b[0] == pytest.approx(3 * (compute_b + compute_f + 4 * one))
+    assert cost.stack_seconds_each(TINY, [l], 3, tp, "fwd", batch_tokens=l)[0] == \
+        pytest.approx(f[0])
+
+
+def test_collectives_closed_form():
+    cost = CostModel(H100_80G)
+    hw, nbytes = H100_80G, 3e8
+    for g in (2, 4, 8):
+        assert cost.allreduce_seconds(nbytes, g, True) == pytest.approx(
+            2 * (g - 1) / g * nbytes / hw.nvlink_bytes_per_s + 2 * (g - 1) * hw.nvlink_latency_s)
+        assert cost.allreduce_seconds(nbytes, g, False) == pytest.approx(
+            2 * (g - 1) / g * nbytes / hw.ib_bytes_per_s + 2 * (g - 1) * hw.ib_latency_s)
+        assert cost.alltoall_seconds(nbytes, g, False) == pytest.approx(
+            (g - 1) / g * nbytes / hw.ib_bytes_per_s + (g - 1) * hw.ib_latency_s)
+        assert cost.exchange_seconds(nbytes, g, False) == pytest.approx(
+            nbytes / hw.ib_bytes_per_s + (g - 1) * hw.ib_latency_s)
+    assert cost.allreduce_seconds(nbytes, 1, False) == 0.0
+    assert cost.p2p_seconds(nbytes, inside_node=False) == pytest.approx(
+        hw.ib_latency_s + nbytes / hw.ib_bytes_per_s)
+    assert cost.p2p_seconds(nbytes, inside_node=True) == pytest.approx(
+        hw.nvlink_latency_s + nbytes / hw.nvlink_bytes_per_s)
 
 
 def test_bad_inputs_name_argument_expected_and_got():
