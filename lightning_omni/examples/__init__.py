@@ -1,0 +1,1 @@
+"""Runnable examples: a multimodal captioning recipe for OmniStrategy."""
