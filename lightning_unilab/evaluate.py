@@ -1,0 +1,367 @@
+"""Evaluation rollout at the end of training: a picture of what the policy learned.
+
+    trainer:
+      callbacks:
+        - class_path: lightning_unilab.evaluate.EvaluationRollout
+          init_args: {max_steps: 1000}
+
+After ``fit`` (the collector is stopped by then, so the CPU is free) the callback runs the trained
+actor deterministically for one episode of one env of the data module's task and writes, under
+``<log_dir>/evaluation/``:
+
+- ``episode.json``: return, length, whether it fell, and the per-step series that are plotted;
+- ``episode.png``: reward and return, the task's named reward terms, and for locomotion the base
+  height and velocity against the command over the episode (always written: no OpenGL needed);
+- ``episode.gif``: the episode from MuJoCo's offscreen renderer, when an OpenGL backend exists.
+
+Rendering needs ``MUJOCO_GL`` chosen before mujoco is imported, which the training process has
+already done (usually without a headless backend), so frames are drawn in a fresh interpreter
+(``python -m lightning_unilab.evaluate render ...``) trying ``$MUJOCO_GL``, then EGL, then
+OSMesa; if none works the reason is recorded in ``episode.json`` and only the plot is written.
+
+``python -m lightning_unilab.evaluate checkpoint CKPT --task T --out DIR`` does the same for a
+saved checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+
+__all__ = ["Episode", "EvaluationRollout", "plot_episode", "render_episode", "run_episode"]
+
+_BACKENDS = ("egl", "osmesa")
+
+# g1-walk-flat layout (docs/unilab/tasks.md): actor obs, then the critic's extra fields
+_G1_GYRO, _G1_GRAVITY, _G1_COMMAND = slice(0, 3), slice(3, 6), slice(93, 96)
+_G1_LINVEL, _G1_HEIGHT = slice(98, 101), 101
+
+
+@dataclass
+class Episode:
+    """One evaluation episode of one env: per-step series (length T) and the physics states."""
+
+    task: str
+    rewards: np.ndarray  # [T]
+    terms: dict[str, np.ndarray] = field(default_factory=dict)  # named per-step info terms
+    series: dict[str, np.ndarray] = field(default_factory=dict)  # base height, velocities ...
+    states: np.ndarray | None = None  # [T+1, state_size] mjSTATE_INTEGRATION rows
+    terminated: bool = False
+    dt: float = 0.0
+
+    @property
+    def length(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
+    def ret(self) -> float:
+        return float(self.rewards.sum())
+
+    def summary(self) -> dict[str, Any]:
+        return {"task": self.task, "return": self.ret, "length": self.length,
+                "duration_s": self.length * self.dt, "terminated": self.terminated,
+                "rewards": self.rewards.tolist(),
+                "terms": {k: v.tolist() for k, v in self.terms.items()},
+                "series": {k: v.tolist() for k, v in self.series.items()}}
+
+
+def _root_height(model: Any, states: np.ndarray) -> np.ndarray:
+    """World z of body 1 (the root of gymnasium's and the G1 models) for each state row."""
+    import mujoco
+
+    data = mujoco.MjData(model)
+    out = np.empty(len(states))
+    for i, row in enumerate(states):
+        mujoco.mj_setState(model, data, row, mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_kinematics(model, data)
+        out[i] = data.xpos[1 if model.nbody > 1 else 0, 2]
+    return out
+
+
+def run_episode(policy: torch.nn.Module, task: str, task_kwargs: Mapping[str, Any] | None = None,
+                seed: int = 0, max_steps: int | None = None,
+                deterministic: bool = True) -> Episode:
+    """Run ``policy`` (an ActorCritic: ``act(obs, deterministic)``) for one episode of one env.
+
+    The episode ends at the first termination or truncation, or after ``max_steps`` steps.
+    ``task_kwargs`` are TaskVectorEnv keywords (params, randomization ...), as the data module's.
+    """
+    from lightning_unilab.vector_env import TaskVectorEnv
+
+    kwargs = dict(task_kwargs or {})
+    env = TaskVectorEnv(task, 1, 1, seed=seed, **kwargs)
+    try:
+        spec = env.spec
+        limit = spec.max_episode_steps if spec.max_episode_steps > 0 else 1000
+        steps = limit if max_steps is None else min(int(max_steps), limit)
+        if steps < 1:
+            raise ValueError(f"max_steps: expected an int >= 1, got {max_steps!r}")
+        obs, info = env.reset(seed=seed)
+        critic = info.get("critic_obs")
+        states = [env.pool.state[0].copy()]
+        rewards, terms = [], {name: [] for name in spec.info_names}
+        obs_rows, critic_rows = [obs[0].copy()], [None if critic is None else critic[0].copy()]
+        terminated = False
+        was_training = policy.training
+        policy.eval()
+        for _ in range(steps):
+            with torch.no_grad():
+                action = policy.act(torch.as_tensor(obs, dtype=torch.float32),
+                                    deterministic=deterministic)[0]
+            obs, reward, term, trunc, info = env.step(action.numpy().astype(np.float64))
+            rewards.append(float(reward[0]))
+            for name in spec.info_names:
+                terms[name].append(float(info[name][0]))
+            done = bool(term[0] or trunc[0])
+            # same-step auto-reset: the ending step's own observation is final_obs
+            obs_rows.append((info["final_obs"] if done else obs)[0].copy())
+            if "critic_obs" in info:
+                src = info["final_critic_obs"] if done else info["critic_obs"]
+                critic_rows.append(src[0].copy())
+            if done:
+                terminated = bool(term[0])
+                break
+            states.append(env.pool.state[0].copy())
+        policy.train(was_training)
+        dt = float(env.model.opt.timestep) * spec.frame_skip
+        states_arr = np.stack(states)
+        episode = Episode(task=env.name, rewards=np.asarray(rewards),
+                          terms={k: np.asarray(v) for k, v in terms.items()},
+                          states=states_arr, terminated=terminated, dt=dt)
+        episode.series = _series(env, np.stack(obs_rows),
+                                 None if critic_rows[0] is None else np.stack(critic_rows),
+                                 states_arr)
+        return episode
+    finally:
+        env.close()
+
+
+def _series(env: Any, obs: np.ndarray, critic: np.ndarray | None,
+            states: np.ndarray) -> dict[str, np.ndarray]:
+    """Task-level series for the plot: base height, velocity against command, tracking terms."""
+    out: dict[str, np.ndarray] = {}
+    if env.name == "g1-walk-flat" and critic is not None:
+        obs, critic = obs[1:], critic[1:]  # after each step, aligned with the rewards
+        cmd, vel, gyro = obs[:, _G1_COMMAND], critic[:, _G1_LINVEL], obs[:, _G1_GYRO]
+        out["base_height"] = critic[:, _G1_HEIGHT]
+        out["vx"], out["vx_command"] = vel[:, 0], cmd[:, 0]
+        out["vy"], out["vy_command"] = vel[:, 1], cmd[:, 1]
+        out["yaw_rate"], out["yaw_rate_command"] = gyro[:, 2], cmd[:, 2]
+        # the task's tracking and orientation terms, recomputed from the observations
+        out["term_tracking_lin_vel"] = np.exp(-((cmd[:, :2] - vel[:, :2]) ** 2).sum(1) / 0.25)
+        out["term_tracking_ang_vel"] = np.exp(-((cmd[:, 2] - gyro[:, 2]) ** 2) / 0.25)
+        out["term_orientation"] = (obs[:, _G1_GRAVITY][:, :2] ** 2).sum(1)
+    else:
+        out["base_height"] = _root_height(env.model, states)
+    return out
+
+
+def plot_episode(episode: Episode, path: str | os.PathLike) -> Path:
+    """Reward and return, named reward terms, base height and velocity against command."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = np.arange(1, episode.length + 1) * episode.dt
+    s = episode.series
+    named = {k[5:]: v for k, v in s.items() if k.startswith("term_")}
+    named.update({k: v for k, v in episode.terms.items() if k.startswith("reward_")})
+    velocity = [(k, s[k], s.get(f"{k}_command")) for k in ("vx", "vy", "yaw_rate") if k in s]
+    if not velocity and "x_velocity" in episode.terms:
+        velocity = [("x_velocity", episode.terms["x_velocity"], None)]
+    panels = 2 + bool(velocity) + bool(named)
+    fig, axes = plt.subplots(panels, 1, figsize=(8, 2.2 * panels), sharex=True)
+    ax = axes[0]
+    ax.plot(t, episode.rewards, label="reward / step")
+    ax2 = ax.twinx()
+    ax2.plot(t, np.cumsum(episode.rewards), color="k", lw=1)
+    ax.set_ylabel("reward / step")
+    ax2.set_ylabel("return so far (black)")
+    ax.set_title(f"{episode.task}: return {episode.ret:.1f} over {episode.length} steps "
+                 f"({episode.length * episode.dt:.1f} s){', fell' if episode.terminated else ''}")
+    ax = axes[1]
+    height = s.get("base_height", np.full(episode.length, np.nan))
+    height = height[-episode.length:]
+    ax.plot(t[:len(height)], height)
+    ax.set_ylabel("base height (m)")
+    k = 2
+    if velocity:
+        ax = axes[k]
+        k += 1
+        for i, (key, values, command) in enumerate(velocity):
+            ax.plot(t, values, color=f"C{i}", label=key)
+            if command is not None:
+                ax.plot(t, command, color=f"C{i}", ls="--", label=f"{key} command")
+        ax.set_ylabel("velocity")
+        ax.legend(fontsize=7, ncol=3, loc="upper right")
+    if named:
+        ax = axes[k]
+        for key, values in named.items():
+            ax.plot(t, values, label=key)
+        ax.set_ylabel("reward terms")
+        ax.legend(fontsize=7, ncol=3, loc="upper right")
+    axes[-1].set_xlabel("time (s)")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out
+
+
+_RENDER = """
+import sys, numpy as np
+from lightning_unilab.render import EnvRenderer, write_gif
+from lightning_unilab.vector_env import TaskVectorEnv
+states, task, out, width, height, fps = sys.argv[1:7]
+env = TaskVectorEnv(task, 1, 1)
+renderer = EnvRenderer(env.model, int(width), int(height))
+frames = renderer.render(np.load(states))
+renderer.close(); env.close()
+write_gif(frames, out, fps=float(fps))
+print("OK", len(frames))
+"""
+
+
+def render_episode(episode: Episode, path: str | os.PathLike, max_frames: int = 100,
+                   size: tuple[int, int] = (240, 180), timeout: float = 300.0) -> str | None:
+    """Write the episode as a GIF (every k-th state, at most ``max_frames``); returns None on
+    success or the reason it could not render (no OpenGL backend)."""
+    if episode.states is None or len(episode.states) == 0:
+        return "no states recorded"
+    stride = max(1, -(-len(episode.states) // max_frames))
+    states = episode.states[::stride]
+    fps = max(1.0, 1.0 / (episode.dt * stride)) if episode.dt > 0 else 30.0
+    tried = []
+    backends = [os.environ["MUJOCO_GL"]] if os.environ.get("MUJOCO_GL") else []
+    backends += [b for b in _BACKENDS if b not in backends]
+    with tempfile.TemporaryDirectory() as tmp:
+        npy = os.path.join(tmp, "states.npy")
+        np.save(npy, states)
+        for backend in backends:
+            env = {**os.environ, "MUJOCO_GL": backend, "PYOPENGL_PLATFORM": backend}
+            try:
+                run = subprocess.run(
+                    [sys.executable, "-c", _RENDER, npy, episode.task, str(path), str(size[0]),
+                     str(size[1]), f"{fps:.4f}"], env=env, capture_output=True, text=True,
+                    timeout=timeout)
+            except subprocess.TimeoutExpired:
+                tried.append(f"{backend}: timed out after {timeout:.0f} s")
+                continue
+            if run.returncode == 0 and run.stdout.strip().startswith("OK"):
+                return None
+            tail = (run.stderr.strip().splitlines() or ["?"])[-1]
+            tried.append(f"{backend}: {tail[:200]}")
+    return "; ".join(tried)
+
+
+def evaluate_policy(policy: torch.nn.Module, task: str, out_dir: str | os.PathLike,
+                    task_kwargs: Mapping[str, Any] | None = None, seed: int = 0,
+                    max_steps: int | None = None, video: bool = True, max_frames: int = 100,
+                    size: tuple[int, int] = (240, 180)) -> dict[str, Any]:
+    """Run one episode and write episode.json, episode.png and (with OpenGL) episode.gif."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    episode = run_episode(policy, task, task_kwargs, seed=seed, max_steps=max_steps)
+    summary = episode.summary()
+    summary["plot"] = str(plot_episode(episode, out / "episode.png"))
+    summary["video"] = None
+    if video:
+        reason = render_episode(episode, out / "episode.gif", max_frames, size)
+        if reason is None:
+            summary["video"] = str(out / "episode.gif")
+        else:
+            summary["video_skipped"] = f"no OpenGL backend ({reason})"
+    tmp = out / "episode.json.tmp"
+    tmp.write_text(json.dumps(summary))
+    tmp.replace(out / "episode.json")
+    return summary
+
+
+class EvaluationRollout(pl.Callback):
+    """After fit: one deterministic episode of the trained policy, plotted and (GL) rendered.
+
+    Args:
+        out_dir: where to write; default ``<trainer.log_dir>/evaluation``.
+        max_steps: episode cap (default the task's time limit).
+        seed: start-state seed of the evaluation env.
+        video: try to write the GIF (needs an OpenGL backend; the plot is always written).
+        max_frames, size: GIF frames (every k-th step) and (width, height).
+        randomize: keep the data module's domain randomization in the evaluation env.
+    """
+
+    def __init__(self, out_dir: str | None = None, max_steps: int | None = None, seed: int = 0,
+                 video: bool = True, max_frames: int = 100, size: Sequence[int] = (240, 180),
+                 randomize: bool = False) -> None:
+        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+            raise ValueError(f"max_steps: expected an int >= 1 or None, got {max_steps!r}")
+        if len(size) != 2:
+            raise ValueError(f"size: expected (width, height), got {size!r}")
+        self.out_dir, self.max_steps, self.seed = out_dir, max_steps, seed
+        self.video, self.max_frames, self.size = video, max_frames, (int(size[0]), int(size[1]))
+        self.randomize = randomize
+        self.summary: dict[str, Any] | None = None
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_rank != 0:
+            return
+        dm = trainer.datamodule
+        config = getattr(dm, "config", None)
+        policy = getattr(pl_module, "policy", None)
+        if config is None or policy is None:
+            raise RuntimeError("EvaluationRollout: needs a RolloutDataModule (its task) and a "
+                               "module with a `policy` (an ActorCritic)")
+        kwargs = dict(config.task_kwargs)
+        if not self.randomize:
+            kwargs.pop("randomization", None)
+        out = Path(self.out_dir) if self.out_dir else Path(trainer.log_dir or
+                                                           trainer.default_root_dir) / "evaluation"
+        import copy
+
+        actor = copy.deepcopy(policy).cpu().float()
+        self.summary = evaluate_policy(actor, config.task, out, kwargs, self.seed,
+                                       self.max_steps, self.video, self.max_frames, self.size)
+        msg = (f"evaluation: return {self.summary['return']:.1f} over {self.summary['length']} "
+               f"steps; plot {self.summary['plot']}")
+        if self.summary["video"]:
+            msg += f", video {self.summary['video']}"
+        for logger in trainer.loggers:
+            logger.log_metrics({"eval/return": self.summary["return"],
+                                "eval/episode_length": float(self.summary["length"])},
+                               step=trainer.global_step)
+        print(msg, flush=True)
+
+
+def _main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    ck = sub.add_parser("checkpoint", help="evaluate a saved APPOModule checkpoint")
+    ck.add_argument("ckpt")
+    ck.add_argument("--task", required=True)
+    ck.add_argument("--out", required=True)
+    ck.add_argument("--max-steps", type=int, default=None)
+    ck.add_argument("--seed", type=int, default=0)
+    ck.add_argument("--no-video", action="store_true")
+    args = parser.parse_args(argv)
+    from lightning_unilab.appo import APPOModule
+
+    module = APPOModule.load_from_checkpoint(args.ckpt, map_location="cpu")
+    summary = evaluate_policy(module.policy, args.task, args.out, seed=args.seed,
+                              max_steps=args.max_steps, video=not args.no_video)
+    print(json.dumps({k: summary[k] for k in ("return", "length", "plot", "video")}))
+
+
+if __name__ == "__main__":
+    _main()
