@@ -1,0 +1,68 @@
+"""Reset-time domain randomization as objects a YAML recipe can name and a process can receive.
+
+``TaskVectorEnv(randomization=fn)`` takes a function; the collector process receives its env's
+keywords by pickling, and ``lightning_unilab.tasks.g1_walk.randomization()`` returns a closure,
+which pickles neither into a spawned process nor out of a YAML file. :class:`G1Randomization`
+holds only the ranges and builds that function on first use in the process that steps the env:
+
+    data:
+      task: g1-walk-flat
+      task_kwargs:
+        randomization:
+          class_path: lightning_unilab.randomization.G1Randomization
+          init_args: {friction: [0.4, 1.0], mass_scale: [0.9, 1.1], kp_scale: [0.9, 1.1]}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["G1Randomization"]
+
+Range = Sequence[float] | None
+
+
+def _range(name: str, value: Range) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected [low, high] or None, got {value!r}") from None
+    if not (math.isfinite(low) and math.isfinite(high) and 0 <= low <= high):
+        raise ValueError(f"{name}: expected finite 0 <= low <= high, got {value!r}")
+    return low, high
+
+
+class G1Randomization:
+    """Per-env, per-episode friction, link-mass scale and kp (kd) scale of the G1.
+
+    Args: ``[low, high]`` uniform ranges, or None to leave a field alone; see
+    ``lightning_unilab.tasks.g1_walk.randomization`` for what each draws.
+    """
+
+    def __init__(self, friction: Range = (0.4, 1.0), mass_scale: Range = (0.9, 1.1),
+                 kp_scale: Range = (0.9, 1.1), kd_scale: Range = None) -> None:
+        self.ranges = {"friction": _range("friction", friction),
+                       "mass_scale": _range("mass_scale", mass_scale),
+                       "kp_scale": _range("kp_scale", kp_scale),
+                       "kd_scale": _range("kd_scale", kd_scale)}
+        self._draw: Callable[..., dict[str, np.ndarray]] | None = None
+
+    def __call__(self, rng: np.random.Generator, ids: np.ndarray) -> dict[str, np.ndarray]:
+        if self._draw is None:
+            from lightning_unilab.tasks.g1_walk import randomization
+
+            self._draw = randomization(**self.ranges)
+        return self._draw(rng, ids)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"ranges": self.ranges, "_draw": None}  # the closure is rebuilt where it runs
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={list(v) if v else None}" for k, v in self.ranges.items())
+        return f"G1Randomization({args})"
