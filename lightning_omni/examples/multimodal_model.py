@@ -9,8 +9,9 @@ sequence parallel for long samples (LSSP) without any change to their weights.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule
 from torch import Tensor, nn
 
 from ..runtime.token_encoder import TokenEncoder
@@ -94,6 +95,8 @@ class MultimodalCaptioner(LightningModule):
         self.embed = Embedding(hidden)
         self.blocks = nn.ModuleList(GptBlock(hidden, heads) for _ in range(layers))
         self.head = Head(hidden)
+        # caption/text token hits and counts seen by ``omni_loss`` (a pipeline's last stage)
+        self.accuracy_counts = torch.zeros(4, dtype=torch.float64)
 
     def modalities(self):
         return (("image", self.image_encoder, IMG), ("audio", self.audio_encoder, AUD))
@@ -136,6 +139,17 @@ class MultimodalCaptioner(LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr,
                                  weight_decay=self.hparams.weight_decay)
 
+    def omni_loss(self, logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """``caption_loss``, also counting correct tokens: under OmniStrategy the step runs the
+        parts, not ``training_step``, so accuracy is measured here (see ``OmniAccuracy``)."""
+        with torch.no_grad():
+            labels, hit = batch["labels"], logits.argmax(-1) == batch["labels"]
+            for j, rows in enumerate((batch["is_caption"], ~batch["is_caption"])):
+                keep = (labels != -100) & rows[:, None]
+                self.accuracy_counts[2 * j] += hit[keep].sum().double().cpu()
+                self.accuracy_counts[2 * j + 1] += keep.sum().double().cpu()
+        return caption_loss(logits, batch)
+
     def configure_omni(self):
         """The parts OmniStrategy needs (see ``lightning_omni.spec``)."""
         from ..spec import Modality, OmniSpec
@@ -143,4 +157,24 @@ class MultimodalCaptioner(LightningModule):
         return OmniSpec(
             modalities=[Modality(name, enc, name, f"{name}_len", tid)
                         for name, enc, tid in self.modalities()],
-            embedding=self.embed, blocks=list(self.blocks), head=self.head, loss=caption_loss)
+            embedding=self.embed, blocks=list(self.blocks), head=self.head, loss=self.omni_loss)
+
+
+class OmniAccuracy(Callback):
+    """Logs caption and text token accuracy of the training steps run by OmniStrategy: sums
+    the last stages' counts over all ranks (one all-reduce per step) and logs on rank 0."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        counts = pl_module.accuracy_counts
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            counts = counts.clone()
+            dist.all_reduce(counts)
+        pl_module.accuracy_counts.zero_()
+        if counts[1] + counts[3] == 0 or trainer.logger is None or trainer.global_rank != 0:
+            return
+        metrics = {}
+        if counts[1] > 0:
+            metrics["train/caption_acc"] = float(counts[0] / counts[1])
+        if counts[3] > 0:
+            metrics["train/text_acc"] = float(counts[2] / counts[3])
+        trainer.logger.log_metrics(metrics, step=trainer.global_step)
