@@ -445,16 +445,25 @@ class APPOModule(pl.LightningModule):
             for tb, b in zip(target.buffers(), self._policy.buffers(), strict=True):
                 tb.copy_(b)
 
-    def on_fit_start(self) -> None:
-        if self.hparams.target_network and not self._target:
-            self._target.append(copy.deepcopy(self._policy).requires_grad_(False))
+    def _datamodule(self) -> Any:
+        trainer = self._trainer
+        return getattr(trainer, "datamodule", None) if trainer is not None else None
 
     def _publish(self) -> None:
-        trainer = self._trainer
-        dm = getattr(trainer, "datamodule", None) if trainer is not None else None
-        publish = getattr(dm, "publish_policy", None)
+        publish = getattr(self._datamodule(), "publish_policy", None)
         if callable(publish):
-            publish(self._policy)
+            version = publish(self._policy)
+            # the data module numbers versions (it re-publishes once on resume): follow it so
+            # that lag = our version - the slot's version stays the number of updates between
+            if isinstance(version, int) and not isinstance(version, bool):
+                self.policy_version = version
+
+    def on_train_start(self) -> None:
+        if self.hparams.target_network and not self._target:
+            self._target.append(copy.deepcopy(self._policy).requires_grad_(False))
+        version = getattr(self._datamodule(), "policy_version", None)
+        if isinstance(version, int) and not isinstance(version, bool):
+            self.policy_version = max(self.policy_version, version)
 
     def _log_rollout(self, stats: dict[str, Any]) -> None:
         if not stats:

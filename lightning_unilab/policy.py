@@ -116,7 +116,8 @@ class ActorCritic(nn.Module):
     def distribution(self, obs: Tensor) -> Normal:
         """Action distribution for raw observations ``[..., obs_size]``."""
         mean = self.actor(self._actor_input(obs))
-        return Normal(mean, self.log_std.expand_as(mean).exp())
+        # validate_args=False: the argument checks cost more than the tiny MLPs on the hot path
+        return Normal(mean, self.log_std.expand_as(mean).exp(), validate_args=False)
 
     def value(self, critic_obs: Tensor) -> Tensor:
         """State values ``[...]`` for raw critic observations ``[..., critic_size]``."""
