@@ -18,7 +18,6 @@ flagged in ``status``; the others finish.
 
 from __future__ import annotations
 
-import copy
 import difflib
 import os
 from collections.abc import Mapping, Sequence
@@ -82,6 +81,8 @@ _GAINS = ("actuator_kp", "actuator_kd")
 _NONNEGATIVE = ("body_mass", "body_inertia", "geom_friction", "dof_damping", "dof_armature",
                 "actuator_kp", "actuator_kd", "dof_frictionloss")
 _SETCONST_INPUTS = frozenset(mujoco.MjModel._setconst_inputs)
+# what mj_setConst computes and the batch can hold per env
+_SETCONST_OUTPUTS = [f for f in mujoco.MjModel._setconst_outputs if f in mjbatch.MODEL_FIELDS]
 
 ModelLike = mujoco.MjModel | str | os.PathLike
 Ids = np.ndarray | Sequence[int] | None
@@ -186,9 +187,6 @@ class BatchEnvPool:
     ) -> None:
         self._core: _core.BatchEnvPool | None = None
         self._model = load_model(model)
-        # the pool's own copy: model_field reads unrandomized values from it, not from the
-        # caller's MjModel, which the caller may edit later
-        self._own = copy.copy(self._model)
         _check_count("num_envs", num_envs)
         if num_threads is None:
             num_threads = len(os.sched_getaffinity(0))
@@ -204,8 +202,8 @@ class BatchEnvPool:
         specs = [(name, self._output_rows(name, objects)) for name, objects in
                  (outputs or {}).items()]
         try:
-            self._core = _core.BatchEnvPool(self._own._address, int(num_envs), int(num_threads),
-                                            specs)
+            self._core = _core.BatchEnvPool(self._model._address, int(num_envs),
+                                            int(num_threads), specs)
         except RuntimeError as err:
             raise ValueError(f"model: MuJoCo cannot batch this model: {err}") from None
         self._stage = _stage(stage if stage is not None else ("acc" if specs else "none"))
@@ -390,7 +388,7 @@ class BatchEnvPool:
         if self._core is None:
             return "BatchEnvPool(closed)"
         return (f"BatchEnvPool(num_envs={self.num_envs}, num_threads={self.num_threads}, "
-                f"nq={self._own.nq}, nu={self._own.nu}, outputs={list(self._outputs)})")
+                f"nq={self._model.nq}, nu={self._model.nu}, outputs={list(self._outputs)})")
 
     # ------------------------------------------------------------------ internals
 
@@ -430,11 +428,11 @@ class BatchEnvPool:
         return np.ascontiguousarray(arr, dtype=np.int32)
 
     def _keys(self, keyframe: Any, n: int) -> np.ndarray:
-        nkey = self._own.nkey
+        nkey = self._model.nkey
         if isinstance(keyframe, str):
-            k = mujoco.mj_name2id(self._own, mujoco.mjtObj.mjOBJ_KEY, keyframe)
+            k = mujoco.mj_name2id(self._model, mujoco.mjtObj.mjOBJ_KEY, keyframe)
             if k < 0:
-                names = [self._own.key(i).name for i in range(nkey)]
+                names = [self._model.key(i).name for i in range(nkey)]
                 raise ValueError(f"keyframe: the model has no keyframe {keyframe!r}; it has "
                                  f"{names}" + _close(keyframe, names))
             keyframe = k
@@ -460,7 +458,7 @@ class BatchEnvPool:
             return []
         if isinstance(objects, str | int):
             objects = [objects]
-        m = self._own
+        m = self._model
         if name == "sensordata":
             return self._ranges(objects, mujoco.mjtObj.mjOBJ_SENSOR, m.nsensor,
                                 m.sensor_adr, m.sensor_dim, name)
@@ -476,10 +474,10 @@ class BatchEnvPool:
         kind = objtype.name[len("mjOBJ_"):].lower()
         if isinstance(obj, int | np.integer):
             return int(obj)
-        i = mujoco.mj_name2id(self._own, objtype, obj)
+        i = mujoco.mj_name2id(self._model, objtype, obj)
         if i < 0:
-            count = getattr(self._own, {"camera": "ncam", "joint": "njnt"}.get(kind, "n" + kind))
-            known = [mujoco.mj_id2name(self._own, objtype, j) or "" for j in range(count)]
+            count = getattr(self._model, {"camera": "ncam", "joint": "njnt"}.get(kind, "n" + kind))
+            known = [mujoco.mj_id2name(self._model, objtype, j) or "" for j in range(count)]
             raise ValueError(f"outputs[{field!r}]: the model has no {kind} named {obj!r}"
                              + _close(obj, known))
         return i
@@ -495,15 +493,29 @@ class BatchEnvPool:
         return rows
 
     def _template(self, name: str, argument: str = "randomization") -> np.ndarray:
+        """The field's shared value in the pool's own model copy (not the caller's MjModel,
+        which the caller may edit after construction), read-only."""
         if name in _GAINS:
-            return np.zeros(self._own.nu)
+            return np.zeros(self._model.nu)
         if name not in mjbatch.MODEL_FIELDS:
             known = sorted(mjbatch.MODEL_FIELDS | set(_GAINS) | set(_ALIASES))
             raise ValueError(f"{argument}: {name!r} is not a per-env model field"
                              + _close(name, known))
+        return self._base(name)
+
+    def _base(self, name: str) -> np.ndarray:
         if name.startswith("opt."):
-            return np.asarray(getattr(self._own.opt, name[4:]))
-        return getattr(self._own, name)
+            like = np.asarray(getattr(self._model.opt, name[4:]))
+            if like.dtype.kind == "f":
+                like = like.astype(np.float64)
+            elif like.dtype.kind in "iu":
+                like = like.astype(np.int32)
+        else:
+            like = getattr(self._model, name)
+        raw = self.core.model_bytes(name)
+        out = raw.view(like.dtype).reshape(like.shape)
+        out.flags.writeable = False
+        return out
 
     def _typed(self, raw: np.ndarray, template: np.ndarray) -> np.ndarray:
         dtype = template.dtype
@@ -555,23 +567,24 @@ class BatchEnvPool:
             else:
                 self._expand(name)[rows] = arr
             needs_const |= name in _SETCONST_INPUTS or name.startswith("opt.")
-        if needs_const and self.core.set_const(sel):
+        if needs_const and self.core.set_const(sel, _SETCONST_OUTPUTS):
             env = next(int(i) for i in (range(self.num_envs) if sel is None else sel)
                        if self.core.error(int(i)))
             message = self.core.error(env)
             for name, values in saved.items():
                 self._expand(name)[rows] = values
-            self.core.set_const(sel)
+            self.core.set_const(sel, _SETCONST_OUTPUTS)
             raise ValueError(
                 f"randomization: MuJoCo rejects the new model of env {env}: {message}; "
                 "the model fields of every env were left as they were"
             )
 
     def _check_position_actuators(self) -> None:
-        m = self._own
-        fixed = m.actuator_gaintype == mujoco.mjtGain.mjGAIN_FIXED
-        affine = m.actuator_biastype == mujoco.mjtBias.mjBIAS_AFFINE
-        servo = np.isclose(m.actuator_biasprm[:, 1], -m.actuator_gainprm[:, 0])
+        m = self._model
+        fixed = self._base("actuator_gaintype") == mujoco.mjtGain.mjGAIN_FIXED
+        affine = self._base("actuator_biastype") == mujoco.mjtBias.mjBIAS_AFFINE
+        servo = np.isclose(self._base("actuator_biasprm")[:, 1],
+                           -self._base("actuator_gainprm")[:, 0])
         bad = np.flatnonzero(~(fixed & affine & servo))
         if bad.size:
             name = m.actuator(int(bad[0])).name or f"#{bad[0]}"

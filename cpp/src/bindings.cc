@@ -10,6 +10,7 @@
 #include "omnilab/batch_env_pool.h"
 #include "omnilab/bindings.h"
 #include "omnilab/data_fields.h"
+#include "omnilab/model_fields.h"
 
 namespace py = pybind11;
 using omnilab::BatchEnvPool;
@@ -110,12 +111,13 @@ PYBIND11_MODULE(_core, mod) {
           py::arg("ids"), py::arg("keys"), py::arg("initial_state"), py::arg("stage"))
       .def(
           "set_const",
-          [](BatchEnvPool& pool, std::optional<IdArray> ids) {
+          [](BatchEnvPool& pool, std::optional<IdArray> ids,
+             const std::vector<std::string>& outputs) {
             auto [ptr, n] = Ids(ids);
             py::gil_scoped_release release;
-            return pool.SetConst(ptr, n);
+            return pool.SetConst(ptr, n, outputs);
           },
-          py::arg("ids"))
+          py::arg("ids"), py::arg("outputs"))
       .def(
           "expand",
           [](py::object self, const std::string& name, bool create) -> py::object {
@@ -128,6 +130,18 @@ PYBIND11_MODULE(_core, mod) {
                         {pool.num_envs(), static_cast<py::ssize_t>(size) * elemsize});
           },
           py::arg("name"), py::arg("create"))
+      .def(
+          "model_bytes",
+          [](py::object self, const std::string& name) -> py::object {
+            // the bytes of a field of the pool's own model copy (the shared, unexpanded values)
+            auto& pool = self.cast<BatchEnvPool&>();
+            std::optional<omnilab::ModelFieldRef> ref = omnilab::FindModelField(pool.model(), name);
+            if (!ref) return py::none();
+            const char* data = omnilab::FieldData(pool.model(), *ref);
+            return View(self, reinterpret_cast<std::uint8_t*>(const_cast<char*>(data)),
+                        {static_cast<py::ssize_t>(ref->bytes)});
+          },
+          py::arg("name"))
       .def("error", &BatchEnvPool::Error, py::arg("env"));
 
   omnilab::BindTasks(mod);

@@ -511,3 +511,30 @@ def test_unclear_inputs_get_clear_errors(arm_model):
     for call in (lambda: env.step(np.zeros((2, 3))), lambda: env.reset()):
         with pytest.raises(RuntimeError, match="TaskVectorEnv of 'Hopper-v5' is closed"):
             call()
+
+
+@pytest.mark.parametrize("xml", [ARM_XML, MESH_XML], ids=["arm", "mesh"])
+def test_parallel_set_const_equals_batch(xml):
+    """The pool's mj_setConst runs on its threads; every derived constant equals what
+    mujoco.batch.Batch.set_const computes, env by env, and the others keep theirs."""
+    model = mujoco.MjModel.from_xml_string(xml)
+    n, ids = 6, np.array([1, 2, 4], np.int32)
+    rng = np.random.default_rng(0)
+    rand = {"body_mass": model.body_mass * rng.uniform(0.5, 1.5, (3, model.nbody)),
+            "geom_size": model.geom_size * rng.uniform(0.8, 1.2, (3, model.ngeom, 1)),
+            "dof_armature": model.dof_armature + rng.uniform(0, 0.01, (3, model.nv)),
+            "opt.gravity": [[0, 0, -9.0], [0, 0, -10.0], [0.1, 0, -9.8]]}
+    pool = BatchEnvPool(model, n, 2)
+    pool.reset(ids, randomization=rand)
+    batch = mjbatch.Batch(model, n, 1)
+    for name, values in rand.items():
+        batch.expand(name)[ids] = values
+    batch.set_const(ids)
+    for name in mujoco.MjModel._setconst_outputs:
+        if name not in mjbatch.MODEL_FIELDS:
+            continue
+        expected = batch.expanded(name)
+        got = pool.model_field(name)
+        if expected is None:
+            expected = np.broadcast_to(getattr(model, name), got.shape)
+        np.testing.assert_array_equal(got, expected, err_msg=name)

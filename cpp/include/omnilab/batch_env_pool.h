@@ -70,8 +70,12 @@ class BatchEnvPool {
   // Per-environment storage of a model field (num_envs x size elements of elemsize bytes).
   void* Expand(const std::string& name, int* size, int* elemsize);
   const void* Expanded(const std::string& name, int* size, int* elemsize);
-  // mj_setConst on the selected environments' models; failures leave status alone (Error()).
-  int SetConst(const int* ids, int nid);
+  // mj_setConst on the selected environments' models, spread over the batch's threads
+  // (mjb_setConst runs them one after another). outputs: the fields mj_setConst computes
+  // (mujoco.MjModel._setconst_outputs that the batch can expand); an output is expanded only
+  // when some environment's value changes, as mjb_setConst does. Returns the number of failed
+  // environments; failures leave status alone (their message is in Error()).
+  int SetConst(const int* ids, int nid, const std::vector<std::string>& outputs);
   // Runs func on each selected environment inside the batch's threads (state loaded into d;
   // saved back after func if save). The building block of every kernel, task kernels included.
   int Apply(const int* ids, int nid, mjfBatchFunc func, void* arg, bool save);
@@ -92,14 +96,29 @@ class BatchEnvPool {
     int stage;
   };
 
+  // A thread's copy of the model struct for mj_setConst: its arrays are the shared model's,
+  // except the outputs, which point to its own buffers.
+  struct Scratch {
+    const mjData* owner;  // the batch's per-thread mjData this scratch belongs to
+    mjModel model;
+    std::vector<std::vector<char>> buffers;  // one per output
+  };
+  struct SetConstCall;
+
   static void StepKernel(const mjModel* m, mjData* d, int env, void* arg);
   static void ForwardKernel(const mjModel* m, mjData* d, int env, void* arg);
+  static void SetConstKernel(const mjModel* m, mjData* d, int env, void* arg);
+  Scratch& ScratchFor(const mjData* d, const SetConstCall& call);
   int MarkFailures(const int* ids, int nid, int nfail);
 
   std::unique_ptr<mjBatch, BatchDeleter> batch_;
   std::vector<std::uint32_t> status_;
   std::vector<Output> outputs_;
   std::mutex mutex_;  // one call at a time: the batch's scratch data is shared
+  std::vector<std::unique_ptr<Scratch>> scratch_;
+  std::vector<std::string> scratch_outputs_;  // the outputs the scratch buffers hold
+  std::mutex scratch_mutex_;
+  std::vector<std::string> expanded_;  // fields given per-environment values so far
 };
 
 }  // namespace omnilab
