@@ -8,16 +8,17 @@
     collector.publish(policy)                # new weights; the collector loads them next rollout
     collector.stop()                         # joins the process, unlinks the shared memory
 
-The process is started with ``spawn`` (no forked torch/OpenMP state). Before each rollout it loads
+The process is started with ``forkserver`` (``spawn`` where there is none): no forked
+torch/OpenMP state. Before each rollout it loads
 the newest published weights (a version-word check, a copy only when it moved); in ``sync`` mode
 it first waits until the weights of the update on its previous rollout are published: the
 synchronous PPO baseline, sharing every other line with the asynchronous mode.
 
 Faults: an exception in the process is sent back with its traceback and re-raised in the learner
 as :class:`CollectorError` by the next ``acquire`` (whose wait checks the process every 50 ms),
-so a dead collector never hangs the learner. The collector checks its parent's pid between
-rollouts and in every wait; when the learner is gone (even SIGKILLed) it unlinks the ring and
-the weight board itself and exits.
+so a dead collector never hangs the learner. The collector watches a pipe whose only write end
+the learner holds (EOF once the learner is gone, even SIGKILLed) between rollouts and in every
+wait; then it unlinks the ring and the weight board itself and exits.
 """
 
 from __future__ import annotations
@@ -99,14 +100,18 @@ class _ParentGone(Exception):
 
 
 def _main(config: CollectorConfig, ring_handle: RingHandle, board_handle: BoardHandle,
-          policy_bytes: bytes, parent_pid: int, conn: Any) -> None:
-    """Body of the collector process."""
+          policy_bytes: bytes, lifeline: Any, conn: Any) -> None:
+    """Body of the collector process.
+
+    ``lifeline`` is the read end of a pipe whose only write end the learner holds: it becomes
+    readable (EOF) when the learner is gone, however it died.
+    """
     # the learner decides when we stop; Ctrl+C in a terminal reaches the whole process group
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ring = board = env = None
 
     def alive() -> None:
-        if os.getppid() != parent_pid:
+        if lifeline.poll():
             raise _ParentGone
 
     try:
@@ -152,6 +157,16 @@ def _main(config: CollectorConfig, ring_handle: RingHandle, board_handle: BoardH
                 obj.close()
 
 
+def _context() -> Any:
+    """forkserver where available: a clean interpreter (no forked torch/OpenMP state) like spawn,
+    but the imports are paid once per learner process, not once per collector start."""
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["lightning_unilab.collector"])
+        return ctx
+    return mp.get_context("spawn")  # pragma: no cover - not POSIX
+
+
 def _unlink_name(name: str) -> None:
     try:
         shm = shared_memory.SharedMemory(name=name)
@@ -185,10 +200,12 @@ class Collector:
             sizes must match the task's.
         num_slots, writer_policy: of the ring (see :mod:`lightning_unilab.ring`).
         spec: the rollout spec if already known (else one env is built here to read the sizes).
+        version: the version number of ``policy`` (a resumed run continues its numbering).
     """
 
     def __init__(self, config: CollectorConfig, policy: nn.Module, num_slots: int = 4,
-                 writer_policy: str = "block", spec: RolloutSpec | None = None) -> None:
+                 writer_policy: str = "block", spec: RolloutSpec | None = None,
+                 version: int = 0) -> None:
         config.check()
         if spec is None:
             env = config.make_env(num_envs=1, threads=1)
@@ -203,14 +220,15 @@ class Collector:
         self._policy_bytes = pickle.dumps(actor)
         self.ring = Ring.create(spec, num_slots, writer_policy)
         try:
-            self.board = WeightBoard.create(actor)
+            self.board = WeightBoard.create(actor, version)
         except BaseException:
             self.ring.close()
             self.ring.unlink()
             raise
-        self.version = 0
+        self.version = version
         self._proc: Any = None
         self._conn: Any = None
+        self._lifeline: Any = None
         self._error: str | None = None
         self._finalizer = weakref.finalize(self, _stop, None, self.ring, self.board, 1.0)
 
@@ -218,15 +236,17 @@ class Collector:
 
     def start(self, timeout: float = 300.0) -> None:
         """Spawn the process and wait until it has built its env and stepped into its loop."""
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         parent, child = ctx.Pipe(duplex=False)
-        self._conn = parent
+        life_r, life_w = ctx.Pipe(duplex=False)
+        self._conn, self._lifeline = parent, life_w
         self._proc = ctx.Process(
             target=_main, name=f"omnilab-collector-{self.config.seed}", daemon=True,
             args=(self.config, self.ring.handle, self.board.handle, self._policy_bytes,
-                  os.getpid(), child))
+                  life_r, child))
         self._proc.start()
         child.close()
+        life_r.close()
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _stop, self._proc, self.ring, self.board, 5.0)
         deadline = time.monotonic() + timeout

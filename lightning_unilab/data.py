@@ -185,14 +185,11 @@ class RolloutDataModule(pl.LightningDataModule):
         self.stop_collector()
         config = CollectorConfig(**{**self.config.__dict__, "seed": self.config.seed + rank,
                                     "counters": self.counters or None})
+        # a resumed run continues its version numbers (the module checkpoints its own count)
         self.collector = Collector(config, policy, self.num_slots, self.writer_policy,
-                                   spec=self.rollout_spec)
+                                   spec=self.rollout_spec, version=self.policy_version)
         try:
             self.collector.start(self.start_timeout)
-            if self.policy_version:  # resumed: continue the version numbers
-                self.collector.version = self.policy_version
-                self.collector.publish(policy)
-                self.policy_version = self.collector.version
         except BaseException:
             self.stop_collector()
             raise

@@ -69,8 +69,8 @@ class WeightBoard:
         self._finalizer = weakref.finalize(self, unlink_shm, shm) if owner else None
 
     @classmethod
-    def create(cls, module: nn.Module) -> WeightBoard:
-        """A board shaped like ``module.state_dict()``, holding it as version 0."""
+    def create(cls, module: nn.Module, version: int = 0) -> WeightBoard:
+        """A board shaped like ``module.state_dict()``, holding it as ``version``."""
         state = module.state_dict()
         layout, nbytes = _layout(state)
         for key, _, dtype, _ in layout:
@@ -83,7 +83,7 @@ class WeightBoard:
                                          size=nbytes)
         board = cls(shm, BoardHandle(shm.name.lstrip("/"), layout, nbytes), owner=True)
         board._words[_MAGIC_W] = _MAGIC
-        board.publish(module, 0)
+        board.publish(module, version)
         return board
 
     @classmethod

@@ -17,8 +17,15 @@ from lightning_unilab.rollout import RolloutSpec, as_tensors
 TASK = "InvertedPendulum-v5"
 
 
-def _ours() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("omnilab_")}
+def _shm(orphans: bool = False) -> set[str]:
+    """Our blocks made by this process, or (orphans) by processes that are gone.
+
+    Other runs on the machine may hold blocks of their own meanwhile: they are not counted.
+    """
+    names = {n for n in os.listdir("/dev/shm") if n.startswith("omnilab_")}
+    if orphans:
+        return {n for n in names if not os.path.exists(f"/proc/{n.split('_')[2]}")}
+    return {n for n in names if n.split("_")[2] == str(os.getpid())}
 
 
 def _policy() -> ActorCritic:
@@ -38,7 +45,6 @@ def _gone(pid: int) -> bool:
 def test_sync_mode_waits_for_each_update_and_faults_surface_with_traceback():
     """One process through its life: sync lag 0, a waiting collector, then a crash."""
     policy = _policy()
-    before = _ours()
     collector = Collector(CollectorConfig(TASK, num_envs=8, horizon=16, mode="sync"), policy,
                           num_slots=3)
     try:
@@ -64,7 +70,7 @@ def test_sync_mode_waits_for_each_update_and_faults_surface_with_traceback():
         assert time.monotonic() - start < 5
     finally:
         collector.stop()
-    assert _ours() == before
+    assert not _shm()
 
 
 def test_start_errors_raise_here_or_come_back_from_the_process():
@@ -78,7 +84,7 @@ def test_start_errors_raise_here_or_come_back_from_the_process():
     bad = Collector(config, policy, spec=spec)
     with pytest.raises(CollectorError, match="(?s)Traceback.*no_such_param"):
         bad.start()
-    assert bad.ring.name not in _ours() and not bad.running
+    assert not _shm() and not bad.running
 
 
 @pytest.mark.parametrize(
@@ -91,10 +97,9 @@ def test_start_errors_raise_here_or_come_back_from_the_process():
     ],
 )
 def test_impossible_configs_fail_before_a_process_starts(config, match):
-    before = _ours()
     with pytest.raises(ValueError, match=match):
         Collector(CollectorConfig(TASK, **config), _policy())
-    assert _ours() == before
+    assert not _shm()
 
 
 def test_policy_of_the_wrong_size_is_refused():
@@ -124,15 +129,15 @@ def test_sigkilled_learner_leaves_no_process_and_no_shared_memory(tmp_path):
         line = proc.stdout.readline()
         assert line, "the learner did not start"
         pid, ring, board = line.split()
-        assert {ring, board} <= _ours()
+        assert {ring, board} <= set(os.listdir("/dev/shm"))
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not (_gone(int(pid)) and
-                                                  not {ring, board} & _ours()):
+                                                  not {ring, board} & set(os.listdir("/dev/shm"))):
             time.sleep(0.05)
         assert _gone(int(pid)), "the collector outlived its learner"
-        assert not {ring, board} & _ours(), "shared memory left behind"
+        assert not {ring, board} & set(os.listdir("/dev/shm")), "shared memory left behind"
     finally:
         if proc.poll() is None:
             proc.kill()
