@@ -1,7 +1,12 @@
 """Simulated throughput of Megatron-like, disaggregated and Omni plans on the paper's workloads.
 
-Every system gets its best TP/PP/DP (and recompute, encoder pool/TP where it has them) from the
-same grid under the same memory limit. Prints a table and writes JSON (--out).
+Run level (the main view): each workload is a training run whose image share moves through
+phases and from step to step; every system launches it with ONE layout (TP/PP/DP, recompute,
+stage split, encoder pool and TP) from the same grid under the same memory limit, sized for the
+run's worst step, and many sampled steps are priced with it (Omni's per-step plans adapt).
+JSON ``run_rows`` (per run and system: tokens/s mean, p5, p95, OOM steps, layout), ``ablation``
+(Omni with each technique off), ``seeds`` (the spread over seeds) and, as a secondary view, the
+per-mix ``rows`` (every system re-tuned for one sampled step of each mix).
 
     python benchmarks/omni_sim.py --out omni_sim.json [--quick]
 """
@@ -27,6 +32,15 @@ from lightning_omni.plan.costs import (  # noqa: E402
     VIT_10B,
     CostModel,
 )
+from lightning_omni.plan.run import (  # noqa: E402
+    Phase,
+    Run,
+    design_steps,
+    predict_run,
+    sampled_steps,
+    search_run,
+)
+from lightning_omni.plan.scenario import OMNI_TECHNIQUES  # noqa: E402
 from lightning_omni.plan.systems import (  # noqa: E402
     CONVENTIONAL_PIPELINE_GRID,
     SYSTEMS,
@@ -117,23 +131,168 @@ def speedup_of(rows: list[dict], baselines: tuple[str, ...] = BASELINES) -> floa
     return omni["tokens_per_s"] / max(base) if base else math.inf
 
 
+# A run: alignment at 9:1 (10% of steps), pretraining at 5:5 (60%), a text-heavy stage at
+# 1:9 (30%); each step's image share is drawn around its phase's mean.
+CURRICULUM = (Phase(0.9, 1000, share_sd=0.05, name="alignment"),
+              Phase(0.5, 6000, share_sd=0.1, name="pretrain"),
+              Phase(0.1, 3000, share_sd=0.05, name="text-heavy"))
+LONG_PHASES = (Phase(0.5, 1, share_sd=0.1, name="long-context"),)
+ALL_SYSTEMS = ("megatron", "disaggregated", "omni")
+
+
+def make_runs(seed: int, names: tuple[str, ...]) -> dict[str, Run]:
+    runs = {}
+    for name in names:
+        if name in WORKLOADS:
+            enc, llm, gpus, batch, seq = WORKLOADS[name]
+            runs[name] = Run(name, enc, llm, H100_80G, gpus, batch, seq, CURRICULUM, seed=seed)
+        else:
+            enc, llm, gpus, batch, seq = WORKLOADS["C"]
+            seq_len = LONG_SEQ[name.split("-")[1]]
+            runs[name] = Run(name, enc, llm, H100_80G, gpus, batch * seq // seq_len, seq_len,
+                             LONG_PHASES, long_max=seq_len, long_share=0.05, seed=seed)
+    return runs
+
+
+def run_level(run: Run, steps: int, systems: tuple[str, ...] = ALL_SYSTEMS,
+              eval_seed: int | None = None) -> list[dict]:
+    """Every system's one layout for the run, priced on ``steps`` sampled steps."""
+    cost = CostModel(run.hardware)
+    design = design_steps(run, cost)
+    sampled = sampled_steps(run, cost, steps, run.seed + 1 if eval_seed is None else eval_seed)
+    rows = []
+    for system in systems:
+        found = search_run(system, run, cost, design)
+        pred = predict_run(system, found.config, sampled, cost, run.name)
+        rows.append({
+            "run": run.name, "gpus": run.num_gpus, "system": system,
+            "omni_off": list(run.omni_off),
+            "tokens_per_s_mean": round(pred.tokens_per_s_mean, 1),
+            "tokens_per_s_p5": round(pred.tokens_per_s_percentile(5), 1),
+            "tokens_per_s_p95": round(pred.tokens_per_s_percentile(95), 1),
+            "oom_steps": pred.oom_steps, "steps": len(sampled),
+            "peak_memory_gb": round(pred.peak_gb, 2), "fits_design": found.fits,
+            "layout": str(found.config),
+        })
+    return rows
+
+
+def run_speedup(rows: list[dict]) -> float:
+    """Omni's run-level mean over the best baseline whose run never runs out of memory
+    (0 if Omni's run does; inf if every baseline's does)."""
+    omni = next(r for r in rows if r["system"] == "omni")
+    base = [r["tokens_per_s_mean"] for r in rows if r["system"] != "omni"
+            and not r["oom_steps"]]
+    if omni["oom_steps"]:
+        return 0.0
+    return omni["tokens_per_s_mean"] / max(base) if base else math.inf
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here")
     parser.add_argument("--quick", action="store_true",
-                        help="same runs (the full set already fits the 60 s budget)")
+                        help="workload A only, 4 steps, 2 seeds (about a minute of CPU)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="sampled steps per run (default 16; --quick 6)")
+    parser.add_argument("--no-per-mix", action="store_true",
+                        help="skip the per-mix secondary view")
+    parser.add_argument("--per-mix-only", action="store_true",
+                        help="only the per-mix secondary view")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    steps = args.steps or (4 if args.quick else 16)
+    names = ("A",) if args.quick else tuple(WORKLOADS) + tuple(f"C-{k}" for k in LONG_SEQ)
+    if args.per_mix_only:
+        result = per_mix(args.seed)
+        _print_table(result["rows"])
+        print(f"per mix, max speedup: {result['max_speedup']}  long: "
+              f"{result['long_seq_speedup']}")
+        result["seconds"] = round(time.perf_counter() - start, 1)
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2))
+        return 0
+    runs = make_runs(args.seed, names)
+    run_rows: list[dict] = []
+    per_run: dict[str, list[dict]] = {}
+    for name, run in runs.items():
+        per_run[name] = run_level(run, steps)
+        run_rows += per_run[name]
+        print(f"[{time.perf_counter() - start:6.1f} s] run {name} done", flush=True)
+    speedups = {name: round(run_speedup(rows), 3) for name, rows in per_run.items()}
+
+    ablation: list[dict] = []
+    # every run but D (the costliest to search; its rows say what the others do)
+    abl_names = ("A",) if args.quick else tuple(n for n in runs if n != "D")
+    for name in abl_names:
+        full = next(r for r in per_run[name] if r["system"] == "omni")
+        for technique in OMNI_TECHNIQUES:
+            run = _replace_run(runs[name], omni_off=(technique,))
+            row = run_level(run, steps, ("omni",))[0]
+            ablation.append({"run": name, "off": technique,
+                             "tokens_per_s_mean": row["tokens_per_s_mean"],
+                             "oom_steps": row["oom_steps"], "layout": row["layout"],
+                             "loss_vs_full": round(1 - row["tokens_per_s_mean"]
+                                                   / full["tokens_per_s_mean"], 3)})
+        print(f"[{time.perf_counter() - start:6.1f} s] ablation {name} done", flush=True)
+
+    seeds: dict[str, dict] = {}
+    seed_list = range(args.seed, args.seed + (2 if args.quick else 5))
+    seed_names = ("A",) if args.quick else ("A", "C", "C-16k", "C-32k")
+    seed_steps = steps if args.quick else max(4, steps // 2)
+    for name in seed_names:
+        per_seed = []
+        for sd in seed_list:
+            rows = (per_run[name] if sd == args.seed and seed_steps == steps
+                    else run_level(make_runs(sd, (name,))[name], seed_steps))
+            per_seed.append({"seed": sd, "speedup": round(run_speedup(rows), 3),
+                             **{r["system"]: r["tokens_per_s_mean"] for r in rows},
+                             **{f"{r['system']}_layout": r["layout"] for r in rows},
+                             **{f"{r['system']}_oom_steps": r["oom_steps"] for r in rows}})
+        sp = [x["speedup"] for x in per_seed if math.isfinite(x["speedup"])]
+        seeds[name] = {"per_seed": per_seed, "speedup_min": min(sp, default=None),
+                       "speedup_max": max(sp, default=None),
+                       "speedup_mean": round(float(sum(sp) / len(sp)), 3) if sp else None,
+                       "steps_per_seed": seed_steps}
+        print(f"[{time.perf_counter() - start:6.1f} s] seeds {name} done", flush=True)
+
+    result: dict = {"run_rows": run_rows, "run_speedup": speedups, "ablation": ablation,
+                    "seeds": seeds, "paper": PAPER, "steps_per_run": steps}
+    if not args.quick and not args.no_per_mix:
+        result.update(per_mix(args.seed))
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    _print_run_table(run_rows, speedups)
+    _print_ablation(ablation)
+    for name, v in seeds.items():
+        print(f"seeds {name}: Omni / best baseline {v['speedup_min']} .. {v['speedup_max']} "
+              f"(mean {v['speedup_mean']}) over {len(v['per_seed'])} seeds")
+    if "rows" in result:
+        _print_table(result["rows"])
+        print(f"per mix, max speedup: {result['max_speedup']}  long: "
+              f"{result['long_seq_speedup']}")
+    print(f"simulated in {result['seconds']} s")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _replace_run(run: Run, **changes) -> Run:
+    from dataclasses import replace
+
+    return replace(run, **changes)
+
+
+def per_mix(seed: int) -> dict:
+    """The secondary view: every system re-tuned for one sampled step of each mix."""
     rows: list[dict] = []
     groups: dict[tuple[str, float], list[dict]] = {}
     pools: dict[str, int] = {}
-    scenarios: dict[tuple[str, float], Scenario] = {}
     for name, (enc, llm, gpus, batch, seq) in WORKLOADS.items():
         for ratio in (0.5, 0.1, 0.9):  # 5:5 first: it fixes the static encoder pool
             sc = Scenario(f"{name}-{ratio}", enc, llm, H100_80G, gpus, batch, seq,
-                          image_text_mixture(ratio), seed=args.seed)
-            scenarios[name, ratio] = sc
+                          image_text_mixture(ratio), seed=seed)
             groups[name, ratio] = run_scenario(sc, name, ratio, pools.get(name))
             if name not in pools:
                 pools[name] = next(r["encoder_gpus"] for r in groups[name, ratio]
@@ -144,59 +303,35 @@ def main(argv: list[str] | None = None) -> int:
     enc, llm, gpus, batch, seq = WORKLOADS["C"]
     for label, seq_len in LONG_SEQ.items():
         sc = Scenario(f"C-{label}", enc, llm, H100_80G, gpus, batch * seq // seq_len, seq_len,
-                      image_text_mixture(0.5, long_max=seq_len, long_share=0.05), seed=args.seed)
-        scenarios[label, 0.5] = sc
+                      image_text_mixture(0.5, long_max=seq_len, long_share=0.05), seed=seed)
         long_rows[label] = run_scenario(sc, f"C-{label}", 0.5, pools["C"])
         rows += long_rows[label]
-    max_speedup = {name: round(max(speedup_of(groups[name, r]) for r in RATIOS), 3)
-                   for name in WORKLOADS}
-    long_speedup = {label: round(speedup_of(r), 3) for label, r in long_rows.items()}
-    sens = {}
-    for key, sc in scenarios.items():
-        if key[1] == 0.9 or key[0] in LONG_SEQ:
-            rs = groups.get(key) or long_rows[key[0]]
-            omni = next(r for r in rs if r["system"] == "omni")
-            sens[f"{key[0]}-{key[1]}"] = sensitivity(sc, omni["tokens_per_s"])
-    oracle = BASELINES + ("disaggregated_retuned",)
-    vs_oracle = {f"{k[0]}-{k[1]}": round(speedup_of(v, oracle), 3) for k, v in groups.items()}
-    vs_oracle.update({k: round(speedup_of(v, oracle), 3) for k, v in long_rows.items()})
-    reductions, best_layout_ratio = [], []
-    for rs in list(groups.values()) + list(long_rows.values()):
-        omni = next(r for r in rs if r["system"] == "omni")
-        mega = next(r for r in rs if r["system"] == "megatron")
-        best_layout_ratio.append(mega["stage0_mem_gb"] / omni["stage0_mem_gb"])
-        if mega.get("omni_stage0_mem_gb_same_layout"):
-            reductions.append(mega["stage0_mem_gb"] / mega["omni_stage0_mem_gb_same_layout"])
-    result = {
+    return {
         "rows": rows,
-        "max_speedup": max_speedup,
-        "long_seq_speedup": long_speedup,
-        "stage0_mem_reduction": round(max(reductions), 3) if reductions else None,
-        "stage0_mem_ratio_at_best_layouts": round(max(best_layout_ratio), 3),
-        "speedup_vs_retuned_pool": vs_oracle,
+        "max_speedup": {name: round(max(speedup_of(groups[name, r]) for r in RATIOS), 3)
+                        for name in WORKLOADS},
+        "long_seq_speedup": {k: round(speedup_of(v), 3) for k, v in long_rows.items()},
         "static_encoder_pool_gpus": pools,
-        "sensitivity": sens,
-        "paper": PAPER,
-        "seconds": round(time.perf_counter() - start, 1),
     }
-    _print_table(rows)
-    print(f"max speedup per workload (omni / best baseline that fits): {max_speedup}  "
-          f"paper: A 1.54 B 3.30 C 7.57 D 1.98")
-    print(f"long sequences (C): {long_speedup}  paper: 16k 6.88 32k 4.72")
-    print(f"stage-0 memory, Megatron-like / Omni at Megatron-like's layout (max over rows "
-          f"with a pipeline): {result['stage0_mem_reduction']}x  paper: 2.21x; at each "
-          f"system's own best layout: {result['stage0_mem_ratio_at_best_layouts']}x")
-    print(f"omni / best incl. a disaggregated pool re-tuned per mix: {vs_oracle}")
-    for key, v in sens.items():
-        print(f"{key}: omni / conventional Megatron-like ({v['conventional_megatron']}) = "
-              f"{v['speedup_vs_conventional_megatron']}x; Megatron-like without recompute "
-              f"{'OOM' if v['megatron_without_recompute_oom'] else 'fits'} "
-              f"(stage 0 {v['megatron_without_recompute_stage0_gb']} GB)")
-    print(f"simulated in {result['seconds']} s")
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.out}")
-    return 0
+
+
+def _print_run_table(rows: list[dict], speedups: dict[str, float]) -> None:
+    head = f"{'run':7} {'system':14} {'tok/s mean':>11} {'p5':>10} {'p95':>10} " \
+           f"{'OOM':>6} {'peak GB':>7}  layout"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['run']:7} {r['system']:14} {r['tokens_per_s_mean']:11.0f} "
+              f"{r['tokens_per_s_p5']:10.0f} {r['tokens_per_s_p95']:10.0f} "
+              f"{r['oom_steps']:>3d}/{r['steps']:<2d} {r['peak_memory_gb']:7.1f}  {r['layout']}")
+    print(f"run level, Omni / best baseline without OOM steps: {speedups}")
+
+
+def _print_ablation(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"ablation {r['run']:7} without {r['off']:18} {r['tokens_per_s_mean']:11.0f} "
+              f"tok/s ({r['loss_vs_full']:+.1%} loss; OOM steps {r['oom_steps']}) "
+              f"{r['layout']}")
 
 
 def _print_table(rows: list[dict]) -> None:

@@ -60,9 +60,12 @@ def candidate_configs(system: str, scenario: Scenario,
         enc_pools = list(encoder_pools) if encoder_pools else encoder_pool_choices(n)
         for pool in enc_pools:
             _require(1 <= pool < n, "encoder_pools", f"sizes in [1, {n})", pool)
+    # Megatron-style TP splits attention heads: a TP degree must divide the model's heads
+    llm_tps = [t for t in grid.tp if scenario.llm.heads % t == 0]
+    enc_tps = [t for t in grid.tp if scenario.encoder.heads % t == 0]
     for pool in enc_pools:
         llm_gpus = n - pool
-        for tp in grid.tp:
+        for tp in llm_tps:
             for pp in grid.pp:
                 if llm_gpus % (tp * pp) or pp > scenario.llm.layers:
                     continue
@@ -72,25 +75,26 @@ def candidate_configs(system: str, scenario: Scenario,
                 for (recompute, enc_recompute), cut in itertools.product(
                         grid.recompute, grid.stage0_fractions if pp > 1 else (1.0,)):
                     if pooled:
-                        for etp in grid.tp:
+                        for etp in enc_tps:
                             if etp <= pool and pool % etp == 0:
                                 out.append(ParallelConfig(tp, pp, dp, recompute, pool, etp,
                                                           enc_recompute, cut))
                     elif system == "megatron":
-                        out.append(ParallelConfig(tp, pp, dp, recompute, 0, tp, enc_recompute,
-                                                  cut))
+                        if tp in enc_tps:
+                            out.append(ParallelConfig(tp, pp, dp, recompute, 0, tp,
+                                                      enc_recompute, cut))
                     else:
-                        for etp in grid.tp:
+                        for etp in enc_tps:
                             if tp % etp == 0:
                                 out.append(ParallelConfig(tp, pp, dp, recompute, 0, etp,
                                                           enc_recompute, cut))
             if system == "megatron":
-                out += _separate_encoder_stage(scenario, grid, tp, n)
+                out += _separate_encoder_stage(scenario, grid, tp, n, enc_tps)
     return out
 
 
-def _separate_encoder_stage(scenario: Scenario, grid: Grid, tp: int,
-                            n: int) -> list[ParallelConfig]:
+def _separate_encoder_stage(scenario: Scenario, grid: Grid, tp: int, n: int,
+                            enc_tps: Sequence[int]) -> list[ParallelConfig]:
     """Megatron-like layouts whose first stage runs only the encoder, at a smaller TP than
     the LLM's (Megatron-LM ``encoder_tensor_model_parallel_size``): a replica then takes
     ``encoder_tp + tp * (pp - 1)`` GPUs; GPUs left over idle."""
@@ -100,7 +104,7 @@ def _separate_encoder_stage(scenario: Scenario, grid: Grid, tp: int,
     for pp in grid.pp:
         if pp < 2 or pp > scenario.llm.layers:
             continue
-        for etp in grid.tp:
+        for etp in enc_tps:
             if etp >= tp or tp % etp:
                 continue
             dp = min(n // (etp + tp * (pp - 1)), scenario.global_batch)
