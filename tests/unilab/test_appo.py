@@ -250,3 +250,36 @@ def test_loss_is_surrogate_plus_value_minus_entropy_bonus(pendulum_batch):
     module.policy.zero_grad()
     (-0.3 * terms["entropy"]).backward()
     torch.testing.assert_close(module.policy.log_std.grad, torch.tensor([-0.3]))
+
+
+class _CheckRanksAgree(pl.Callback):
+    """After fit, on every rank: the same weights, lr and observation statistics, and those
+    statistics are those of both ranks' slots together."""
+
+    def on_train_end(self, trainer, module):
+        strategy = trainer.strategy
+        flat = torch.cat([p.detach().reshape(-1) for p in module.policy.parameters()])
+        norm = module.policy.obs_normalizer
+        mine = torch.cat([flat, norm.mean.float(), norm.var.float(),
+                          torch.tensor([module._lr()])])
+        every = strategy.all_gather(mine)
+        assert every.shape[0] == 2
+        torch.testing.assert_close(every[0], every[1], rtol=0, atol=0)
+        obs = strategy.all_gather(self.obs).reshape(-1, norm.mean.numel()).double()
+        torch.testing.assert_close(norm.mean, obs.mean(0))
+        torch.testing.assert_close(norm.var, obs.var(0, unbiased=False))
+        assert norm.count.item() == obs.shape[0]
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.obs = batch["obs"].clone()
+
+
+def test_two_ddp_learners_stay_identical(pendulum_batch):
+    policy, batch, spec = pendulum_batch
+    other = one_rollout(policy, num_envs=16, horizon=16, seed=7)  # rank 1 sees other data
+    module = APPOModule(policy=_copy(policy), **SMALL)
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu", devices=2, strategy="ddp_spawn",
+                         callbacks=[_CheckRanksAgree()])
+    trainer.fit(module, FixedBatches([batch, other], spec))
