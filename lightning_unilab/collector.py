@@ -33,14 +33,14 @@ import traceback
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from multiprocessing import shared_memory
 from typing import Any
 
 import torch
 from torch import nn
 
-from lightning_unilab.ring import Ring, RingHandle, unlink_shm
+from lightning_unilab.ring import Ring, RingHandle
 from lightning_unilab.rollout import RolloutSpec, RolloutState, collect
+from lightning_unilab.shm import unlink_name
 from lightning_unilab.weights import BoardHandle, WeightBoard
 
 __all__ = ["Collector", "CollectorConfig", "CollectorError", "MODES", "available_cpus"]
@@ -143,7 +143,7 @@ def _main(config: CollectorConfig, ring_handle: RingHandle, board_handle: BoardH
     except _ParentGone:
         # nobody else will remove the shared memory now
         for handle in (ring_handle, board_handle):
-            _unlink_name(handle.name)
+            unlink_name(handle.name)
     except BaseException:
         try:
             conn.send(("error", traceback.format_exc()))
@@ -165,15 +165,6 @@ def _context() -> Any:
         ctx.set_forkserver_preload(["lightning_unilab.collector"])
         return ctx
     return mp.get_context("spawn")  # pragma: no cover - not POSIX
-
-
-def _unlink_name(name: str) -> None:
-    try:
-        shm = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:
-        return
-    shm.close()
-    unlink_shm(shm)
 
 
 def _stop(proc: Any, ring: Ring, board: WeightBoard, timeout: float) -> None:

@@ -1,8 +1,8 @@
 """Shared-memory ring of rollout slots between a collector process (writer) and the learner.
 
-One ``multiprocessing.shared_memory`` block holds a global header and K slots; each slot is a
-64-byte header plus one rollout batch in the :class:`~lightning_unilab.rollout.RolloutSpec`
-layout. A slot's state moves
+One shared-memory block (:class:`~lightning_unilab.shm.SharedBlock`) holds a global header and
+K slots; each slot is a 64-byte header plus one rollout batch in the
+:class:`~lightning_unilab.rollout.RolloutSpec` layout. A slot's state moves
 
     FREE --writer--> WRITING --commit--> READY --reader--> READING --release--> FREE
 
@@ -25,23 +25,19 @@ The creator owns the block: :meth:`Ring.unlink` (also run by a finalizer at exit
 
 from __future__ import annotations
 
-import os
-import secrets
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing import shared_memory
 
 import numpy as np
 
 from lightning_unilab import _core
 from lightning_unilab.rollout import RolloutSpec
+from lightning_unilab.shm import SHM_PREFIX, SharedBlock, free_shm_bytes, new_name
 
 __all__ = ["FREE", "READING", "READY", "WRITING", "Ring", "RingHandle", "SHM_PREFIX",
-           "free_shm_bytes", "unlink_shm", "wait_until"]
+           "free_shm_bytes", "wait_until"]
 
-SHM_PREFIX = "omnilab_"
 FREE, WRITING, READY, READING = 0, 1, 2, 3
 WRITER_POLICIES = ("block", "overwrite_oldest")
 _MAGIC = 0x6F6D6E69_72696E67  # "omniring"
@@ -51,19 +47,6 @@ _HEADER_WORDS = 8  # per slot: state, order, seq, policy_version, env_steps, spa
 _G_MAGIC, _G_SLOTS, _G_SLOT_BYTES, _G_CLOSED, _G_ORDER, _G_OVERWRITTEN = range(6)
 # slot header words
 _S_STATE, _S_ORDER, _S_SEQ, _S_VERSION, _S_ENV_STEPS = range(5)
-
-
-def free_shm_bytes() -> int:
-    """Free bytes of the file system behind shared memory (/dev/shm on Linux)."""
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:  # pragma: no cover - platforms without /dev/shm
-        return 1 << 62
-    return st.f_bavail * st.f_frsize
-
-
-def new_shm_name(kind: str) -> str:
-    return f"{SHM_PREFIX}{kind}_{os.getpid()}_{secrets.token_hex(4)}"
 
 
 def wait_until(
@@ -100,34 +83,25 @@ class RingHandle:
     writer_policy: str
 
 
-def unlink_shm(shm: shared_memory.SharedMemory) -> None:
-    """Remove a block's name from /dev/shm; fine if it is already gone."""
-    try:
-        shm.unlink()
-    except FileNotFoundError:
-        pass
-
-
 class Ring:
     """K rollout slots in one shared-memory block; create with :meth:`create`, attach with
     :meth:`attach`."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, handle: RingHandle, owner: bool) -> None:
-        self._shm = shm
+    def __init__(self, block: SharedBlock, handle: RingHandle, owner: bool) -> None:
+        self._block = block
         self.handle = handle
         self.spec = handle.spec
         self.num_slots = handle.num_slots
         self.writer_policy = handle.writer_policy
         self.owner = owner
         self._slot_bytes = self.slot_bytes(handle.spec)
-        self._words = np.ndarray((self.num_slots * _HEADER_WORDS + 8,), np.uint64, shm.buf)
+        self._words = np.ndarray((self.num_slots * _HEADER_WORDS + 8,), np.uint64, block.buf)
         self._gw = self._words[:8]
         self._hw = [self._words[8 + i * _HEADER_WORDS: 8 + (i + 1) * _HEADER_WORDS]
                     for i in range(self.num_slots)]
         base = self._payload_base(self.num_slots)
-        self._views = [handle.spec.views(shm.buf, base + i * self._slot_bytes)
+        self._views = [handle.spec.views(block.buf, base + i * self._slot_bytes)
                        for i in range(self.num_slots)]
-        self._finalizer = weakref.finalize(self, unlink_shm, shm) if owner else None
 
     # ------------------------------------------------------------------ construction
 
@@ -164,9 +138,9 @@ class Ring:
     @classmethod
     def create(cls, spec: RolloutSpec, num_slots: int = 4, writer_policy: str = "block") -> Ring:
         size = cls.check_config(spec, num_slots, writer_policy)
-        name = new_shm_name("ring")
-        shm = shared_memory.SharedMemory(name=name, create=True, size=size)
-        ring = cls(shm, RingHandle(name, spec, num_slots, writer_policy), owner=True)
+        name = new_name("ring")
+        ring = cls(SharedBlock(name, size, create=True),
+                   RingHandle(name, spec, num_slots, writer_policy), owner=True)
         g = ring._gw
         g[_G_SLOTS], g[_G_SLOT_BYTES] = num_slots, ring._slot_bytes
         _core.atomic_store(g, _G_MAGIC, _MAGIC)
@@ -174,8 +148,8 @@ class Ring:
 
     @classmethod
     def attach(cls, handle: RingHandle) -> Ring:
-        shm = shared_memory.SharedMemory(name=handle.name)
-        ring = cls(shm, handle, owner=False)
+        size = cls.block_bytes(handle.spec, handle.num_slots)
+        ring = cls(SharedBlock(handle.name, size, create=False), handle, owner=False)
         g = ring._gw
         if (_core.atomic_load(g, _G_MAGIC) != _MAGIC or int(g[_G_SLOTS]) != handle.num_slots
                 or int(g[_G_SLOT_BYTES]) != ring._slot_bytes):
@@ -296,18 +270,13 @@ class Ring:
     # ------------------------------------------------------------------ teardown
 
     def close(self) -> None:
-        """Unmap (views must be gone; if some are still alive the mapping stays until they are)."""
+        """Drop this object's views; the mapping goes with the last view anyone still holds."""
         self._views, self._hw = [], []
         self._gw = self._words = None  # type: ignore[assignment]
-        try:
-            self._shm.close()
-        except BufferError:
-            pass  # a caller still holds a view; the mapping goes with it
 
     def unlink(self) -> None:
-        """Remove the block from /dev/shm (owner; idempotent)."""
-        if self._finalizer is not None:
-            self._finalizer()
+        """Remove the block from /dev/shm (owner; idempotent; also run at interpreter exit)."""
+        self._block.unlink()
 
     def __enter__(self) -> Ring:
         return self

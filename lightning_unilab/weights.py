@@ -13,17 +13,16 @@ of a read is a fetch-add of 0 so that the payload reads cannot move after it.
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from multiprocessing import shared_memory
 
 import numpy as np
 import torch
 from torch import nn
 
 from lightning_unilab import _core
-from lightning_unilab.ring import free_shm_bytes, new_shm_name, unlink_shm, wait_until
+from lightning_unilab.ring import wait_until
+from lightning_unilab.shm import SharedBlock, free_shm_bytes, new_name
 
 __all__ = ["BoardHandle", "WeightBoard", "TornReadError"]
 
@@ -58,15 +57,14 @@ def _layout(state: Mapping[str, torch.Tensor]) -> tuple[tuple, int]:
 class WeightBoard:
     """One policy's state dict in shared memory with a version; :meth:`create` / :meth:`attach`."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, handle: BoardHandle, owner: bool) -> None:
-        self._shm = shm
+    def __init__(self, block: SharedBlock, handle: BoardHandle) -> None:
+        self._block = block
         self.handle = handle
-        self._words = np.ndarray((_HEADER // 8,), np.uint64, shm.buf)
+        self._words = np.ndarray((_HEADER // 8,), np.uint64, block.buf)
         self._tensors = {
-            key: torch.from_numpy(np.ndarray(shape, np.dtype(dtype), shm.buf, offset))
+            key: torch.from_numpy(np.ndarray(shape, np.dtype(dtype), block.buf, offset))
             for key, shape, dtype, offset in handle.layout
         }
-        self._finalizer = weakref.finalize(self, unlink_shm, shm) if owner else None
 
     @classmethod
     def create(cls, module: nn.Module, version: int = 0) -> WeightBoard:
@@ -79,17 +77,15 @@ class WeightBoard:
         if nbytes > free_shm_bytes():
             raise ValueError(f"the weight board needs {nbytes / 2**20:.1f} MiB of shared memory "
                              f"but /dev/shm has {free_shm_bytes() / 2**20:.1f} MiB free")
-        shm = shared_memory.SharedMemory(name=new_shm_name("weights"), create=True,
-                                         size=nbytes)
-        board = cls(shm, BoardHandle(shm.name.lstrip("/"), layout, nbytes), owner=True)
+        name = new_name("weights")
+        board = cls(SharedBlock(name, nbytes, create=True), BoardHandle(name, layout, nbytes))
         board._words[_MAGIC_W] = _MAGIC
         board.publish(module, version)
         return board
 
     @classmethod
     def attach(cls, handle: BoardHandle) -> WeightBoard:
-        shm = shared_memory.SharedMemory(name=handle.name)
-        board = cls(shm, handle, owner=False)
+        board = cls(SharedBlock(handle.name, handle.nbytes, create=False), handle)
         if int(board._words[_MAGIC_W]) != _MAGIC:
             board.close()
             raise ValueError(f"shared memory {handle.name!r} is not a weight board")
@@ -146,13 +142,10 @@ class WeightBoard:
         return wait_until(lambda: self.version >= version, timeout, alive, stop)
 
     def close(self) -> None:
+        """Drop this object's views (the mapping goes with the last view still held)."""
         self._tensors = {}
         self._words = None  # type: ignore[assignment]
-        try:
-            self._shm.close()
-        except BufferError:
-            pass
 
     def unlink(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
+        """Remove the block from /dev/shm (creator; idempotent; also run at interpreter exit)."""
+        self._block.unlink()
