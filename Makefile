@@ -22,7 +22,10 @@ $(STAMP): $(PY) $(SOURCES)
 	$(PIP) install -q --no-build-isolation -e '.[dev,bench]'
 	touch $(STAMP)
 
+# trains the pendulum with APPO for a short budget (the CLI prints where the TensorBoard logs are)
 demo: setup
+	$(PY) -m lightning_unilab.train --config recipes/unilab/inverted_pendulum.yaml \
+		--trainer.max_time 00:00:01:30
 	$(PY) benchmarks/pool_throughput.py --quick --out build/pool_throughput_quick.json
 
 test: setup
