@@ -132,8 +132,10 @@ def test_megatron_rank_order_puts_stages_in_other_nodes():
     pr = pricer.build()
     send = next(a for a in pr.schedule.actions[0] if a.kind == Kind.SEND)
     tokens = d.llm_moments("loader", 4, 0)[1][send.microbatch]
+    nbytes = tokens * LLM.hidden * BYTES_BF16 / 2
+    hw = H100_80G
     assert pr.costs.transfer_seconds(0, send) == pytest.approx(
-        d.cost.p2p_seconds(tokens * LLM.hidden * BYTES_BF16 / 2, inside_node=False))
+        hw.ib_latency_s + nbytes / hw.ib_bytes_per_s)
     # TP1 DP2: four stages of a replica fit in one node
     small = StepPricer(d, "megatron", ParallelConfig(1, 4, 2, encoder_tp=1), 1)
     assert [small.stage_gpu(s) for s in range(4)] == [1, 3, 5, 7]
