@@ -36,10 +36,12 @@ class Probe(pl.LightningModule):
     long enough for the collector to fill other slots) and records what it saw.
     """
 
-    def __init__(self, sleep: float = 0.0, fail_at: int | None = None, obs_size=None) -> None:
+    def __init__(self, sleep: float = 0.0, fail_at: int | None = None, obs_size=None,
+                 interrupt_at: int | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.sleep, self.fail_at, self.obs_size = sleep, fail_at, obs_size
+        self.interrupt_at = interrupt_at
         self.policy = None
         self.seen: list[dict] = []
 
@@ -55,6 +57,8 @@ class Probe(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         if batch_idx == self.fail_at:
             raise RuntimeError("planted failure in training_step")
+        if batch_idx == self.interrupt_at:
+            raise KeyboardInterrupt  # what Ctrl+C (SIGINT) raises in the main thread
         before = _checksum(batch)
         time.sleep(self.sleep)
         assert _checksum(batch) == before, "the slot changed under the training step"
@@ -117,6 +121,10 @@ def test_errors_stop_the_collector(tmp_path):
     dm = RolloutDataModule(TASK, num_envs=8, horizon=8)
     with pytest.raises(RuntimeError, match="planted failure"):
         _trainer(tmp_path, enable_checkpointing=False).fit(Probe(fail_at=1), datamodule=dm)
+    assert dm.collector is None and not _shm()
+    # Ctrl+C: Lightning shuts down gracefully and exits; the collector is gone before that
+    with pytest.raises(SystemExit):
+        _trainer(tmp_path, enable_checkpointing=False).fit(Probe(interrupt_at=1), datamodule=dm)
     assert dm.collector is None and not _shm()
     # a network of the wrong size is refused before the collector starts
     with pytest.raises(ValueError, match="policy.obs_size: the network takes 5"):

@@ -1,0 +1,75 @@
+"""unilab-train: the recipe trains, logs, checkpoints, resumes; signals leave nothing behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lightning_unilab.train import main
+
+RECIPE = str(Path(__file__).parents[2] / "recipes" / "unilab" / "inverted_pendulum.yaml")
+STEPS_PER_SLOT = 5 * 4  # the recipe's epochs x minibatches: optimizer steps per rollout
+
+
+def _quick(tmp_path, *extra: str) -> list[str]:
+    return ["--config", RECIPE, "--trainer.logger.init_args.save_dir", str(tmp_path),
+            "--trainer.enable_progress_bar", "false", "--trainer.max_time", "00:00:05:00",
+            "--data.num_envs", "16", "--data.horizon", "16", *extra]
+
+
+def test_recipe_trains_logs_checkpoints_and_resumes(tmp_path, capsys):
+    cli = main(_quick(tmp_path, "--trainer.max_steps", str(2 * STEPS_PER_SLOT)))
+    log_dir = Path(cli.trainer.logger.log_dir)
+    assert cli.trainer.global_step == 2 * STEPS_PER_SLOT
+    assert list(log_dir.glob("events.out.tfevents.*")), "no TensorBoard event file"
+    last = log_dir / "checkpoints" / "last.ckpt"
+    assert last.exists()
+    assert f"tensorboard --logdir {log_dir}" in capsys.readouterr().err
+    assert cli.datamodule.collector is None
+
+    resumed = main(_quick(tmp_path, "--trainer.max_steps", str(3 * STEPS_PER_SLOT),
+                          "--ckpt_path", str(last)))
+    assert resumed.trainer.global_step == 3 * STEPS_PER_SLOT  # one more rollout
+    assert resumed.datamodule.policy_version == 3
+    assert resumed.datamodule.counters["seq"] >= 3  # the collector's counters went on
+
+
+def test_bad_arguments_fail_before_training(tmp_path):
+    with pytest.raises(ValueError, match="horizon"):
+        main(_quick(tmp_path, "--data.horizon", "0"))
+    with pytest.raises(ValueError, match="learner_threads"):
+        main(_quick(tmp_path, "--learner_threads", "0"))
+
+
+def _blocks(pid: int) -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"omnilab_ring_{pid}_")
+            or n.startswith(f"omnilab_weights_{pid}_")}
+
+
+def test_sigterm_stops_the_run_and_removes_everything(tmp_path):
+    """(SIGINT, i.e. KeyboardInterrupt, is tested in-process in test_data.py.)"""
+    args = [sys.executable, "-m", "lightning_unilab.train", *_quick(tmp_path)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _blocks(proc.pid) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert _blocks(proc.pid), "the run did not start its collector"
+        time.sleep(1.0)  # training under way
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        _, still = psutil.wait_procs(children, timeout=10)
+        still = [p for p in still if p.status() != psutil.STATUS_ZOMBIE]  # exited, not reaped
+        assert not still, f"left running: {[p.pid for p in still]}"
+        assert not _blocks(proc.pid), "shared memory left behind"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
