@@ -23,6 +23,7 @@ IN_DIM, OUT_DIM = 6, 8
 # memory (16 and 15 tokens over the cap of 140 bytes)
 MICROBATCHES = [{0: 3, 1: 21, 2: 5, 3: 4}, {4: 16, 5: 2, 6: 15, 7: 3, 8: 1}]
 OWNER = {0: 1, 1: 0, 2: 0, 3: 1, 4: 1, 5: 0, 6: 1, 7: 1, 8: 1}
+CONFIGS = [(False, "auto"), (True, "torch")]  # auto: DeepSpeed's Ulysses when installed
 COST = EncoderCost(seconds_per_token=1.0, seconds_per_token_pair=0.2, bytes_per_token=10.0)
 
 
@@ -42,7 +43,11 @@ def _plan():
     return plan_encoder_lssp(MICROBATCHES, COST, group_size=2, heads=4, memory_cap=140)
 
 
-def _worker(rank: int, world: int, causal: bool, backend: str):
+def _worker(rank: int, world: int):
+    return {cfg: _run(rank, world, *cfg) for cfg in CONFIGS}
+
+
+def _run(rank: int, world: int, causal: bool, backend: str):
     from lightning_omni.runtime.lssp_exec import run_lssp_microbatch
 
     enc = _encoder(causal)
@@ -87,9 +92,14 @@ def test_plan_has_long_and_short_samples():
     assert m["lssp/long_samples"] == 3 and m["lssp/sp_degree_max"] == 2
 
 
-@pytest.mark.parametrize("causal,backend", [(False, "auto"), (True, "torch")])
-def test_lssp_matches_single_process(causal, backend):
-    results = run_spmd(_worker, 2, causal, backend, timeout=240)
+@pytest.fixture(scope="module")
+def spmd_results():
+    return run_spmd(_worker, 2, timeout=240)
+
+
+@pytest.mark.parametrize("causal,backend", CONFIGS)
+def test_lssp_matches_single_process(spmd_results, causal, backend):
+    results = [res[(causal, backend)] for res in spmd_results]
     ref_feats, ref_grads, ref_loss = _reference(causal)
     owned = {s: r for r, res in enumerate(results) for s in res[0]}
     assert owned == OWNER  # every sample's features came back to its owner, only there
