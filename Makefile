@@ -27,6 +27,8 @@ demo: setup
 	$(PY) -m lightning_unilab.train --config recipes/unilab/inverted_pendulum.yaml \
 		--trainer.max_time 00:00:01:30
 	$(PY) benchmarks/pool_throughput.py --quick --out build/pool_throughput_quick.json
+	$(PY) -m lightning_omni.examples.multimodal_train fit --config recipes/omni/multimodal.yaml \
+		--trainer.max_epochs 1 --data.samples_per_epoch 128 --trainer.enable_progress_bar false
 
 test: setup
 	$(PY) -m pytest -q
