@@ -183,9 +183,10 @@ def measure_g1(quick: bool, num_threads: int, rounds: int, seconds: float) -> di
     n = 256 if quick else 1024
     rng = np.random.default_rng(0)
     acts = _actions(rng, n, -np.ones(29), np.ones(29))
-    pool = TaskVectorEnv("g1-walk-flat", n, num_threads)
+    # copy=False: the zero-copy path a collector takes (its ring slots are passed as out=)
+    pool = TaskVectorEnv("g1-walk-flat", n, num_threads, copy=False)
     pool.reset(seed=0)
-    pool1 = TaskVectorEnv("g1-walk-flat", n // 4, 1)
+    pool1 = TaskVectorEnv("g1-walk-flat", n // 4, 1, copy=False)
     pool1.reset(seed=0)
     mean_length = _mean_episode_length(pool1, [a[: n // 4] for a in acts],
                                        40 if quick else 200)
@@ -278,8 +279,8 @@ def measure_gym_env(key: str, quick: bool, num_threads: int, rounds: int,
     rng = np.random.default_rng(1)
     n = 256 if quick else 1024
     with _quiet_stdout():
-        pool = TaskVectorEnv(name, n, num_threads)
-        pool1 = TaskVectorEnv(name, n // 4, 1)
+        pool = TaskVectorEnv(name, n, num_threads, copy=False)
+        pool1 = TaskVectorEnv(name, n // 4, 1, copy=False)
     pool.reset(seed=0)
     spec = pool.spec
     acts = _actions(rng, n, spec.action_low, spec.action_high)
