@@ -269,7 +269,11 @@ class APPOModule(pl.LightningModule):
                              f"{policy.critic_size}")
         values = policy.value(critic_obs)
         last_values = policy.value(batch["last_critic_obs"])
-        final_values = policy.value(batch["final_critic_obs"])
+        # V(final) is needed only where an episode was cut short: evaluate just those rows
+        cut = batch["truncated"].bool() & ~batch["terminated"].bool()
+        final_values = torch.zeros_like(values)
+        if cut.any():
+            final_values[cut] = policy.value(batch["final_critic_obs"][cut])
         dist = policy.distribution(obs)
         actions = batch["actions"]
         logp_now = dist.log_prob(actions).sum(-1)
