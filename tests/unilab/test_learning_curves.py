@@ -1,0 +1,81 @@
+"""benchmarks/learning_curves.py: the curve bookkeeping on hand-made episodes, and the JSON
+schema of a seconds-long run of APPO and SB3 PPO on InvertedPendulum-v5."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def lc():
+    spec = importlib.util.spec_from_file_location("learning_curves",
+                                                  ROOT / "benchmarks" / "learning_curves.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["learning_curves"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_curve_means_the_latest_episodes_and_times_the_threshold(lc) -> None:
+    curve = lc.Curve(threshold=10.0, window=3)
+    curve.add(2.0, 1, 100)  # [2]
+    curve.add(4.0 + 6.0, 2, 200)  # [2, 4, 6] -> 4
+    curve.add(30.0, 1, 300)  # the oldest drops once 3 newer remain: [4, 6, 30] -> 40/3
+    curve.add(0.0, 0, 400)  # no episode ended: no point
+    curve.add(float("nan"), 1, 500)  # ignored
+    assert [p[1:] for p in curve.points] == [[100, 2.0], [200, 4.0], [300, round(40 / 3, 3)]]
+    assert curve.time_to_threshold == curve.points[2][0]  # first mean >= 10
+    assert curve.episodes == 4
+    batch = lc.Curve(threshold=None, window=3)
+    batch.add(1.0, 1, 1)
+    batch.add(64 * 5.0, 64, 2)  # episodes ending together count together
+    assert batch.points[-1][2] == 5.0 and batch.time_to_threshold is None
+
+
+def test_median_counts_unreached_runs_as_infinite(lc) -> None:
+    assert lc._median([3.0, None, 1.0]) == 3.0
+    assert lc._median([3.0, None, None]) is None
+    assert lc._median([2.0, 4.0]) == 3.0
+    runs = [{"algo": "appo", "time_to_threshold_s": 10.0, "final_return": 1.0, "env_steps": 10,
+             "wall_s": 1.0},
+            {"algo": "sync_ppo", "time_to_threshold_s": 15.0, "final_return": 1.0,
+             "env_steps": 10, "wall_s": 1.0}]
+    table = lc.summarize(runs)
+    assert table["sync_ppo"]["appo_speedup"] == 1.5 and table["appo"]["appo_speedup"] == 1.0
+
+
+def test_bad_arguments_are_named(lc, capsys) -> None:
+    for argv, word in ((["--algos", "appo,a2c"], "--algos"), (["--budget-s", "0"], "--budget-s"),
+                       (["--seeds", "0"], "--seeds")):
+        with pytest.raises(SystemExit):
+            lc.main([*argv, "--out", "x.json"])
+        assert word in capsys.readouterr().err
+
+
+def test_seconds_long_run_writes_the_schema(lc, tmp_path: Path) -> None:
+    out = tmp_path / "curves.json"
+    assert lc.main(["--task", "InvertedPendulum-v5", "--budget-s", "8", "--seeds", "1",
+                    "--algos", "appo,sb3_ppo", "--out", str(out), "--no-plot"]) == 0
+    doc = json.loads(out.read_text())
+    assert [(r["algo"], r["seed"]) for r in doc["runs"]] == [("appo", 0), ("sb3_ppo", 0)]
+    for run in doc["runs"]:
+        assert set(run) >= {"algo", "seed", "curve", "time_to_threshold_s"}
+        if run["algo"] == "appo":  # SB3's first 2048-step rollout may not end in 8 s
+            assert run["curve"], "pendulum episodes end within seconds"
+        walls = [p[0] for p in run["curve"]]
+        steps = [p[1] for p in run["curve"]]
+        assert walls == sorted(walls) and steps == sorted(steps)
+        assert all(len(p) == 3 and math.isfinite(p[2]) for p in run["curve"])
+        assert not walls or (walls[-1] <= run["wall_s"] and run["env_steps"] >= steps[-1])
+        ttt = run["time_to_threshold_s"]
+        assert ttt is None or ttt in walls
+    assert set(doc["summary"]) == {"appo", "sb3_ppo"}
+    assert doc["config"]["threshold"] == 950.0
