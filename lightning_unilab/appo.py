@@ -261,6 +261,12 @@ class APPOModule(pl.LightningModule):
                                "lightning_unilab.rollout)")
         policy = self._policy
         hp = self.hparams
+        for key in ("obs", "critic_obs", "rewards", "behaviour_logp", "final_critic_obs",
+                    "last_critic_obs"):
+            if not torch.isfinite(batch[key]).all():
+                raise ValueError(f"batch[{key!r}]: NaN or inf in the rollout (slot "
+                                 f"{batch.get('stats', {}).get('seq', '?')}); the task or the "
+                                 "collector produced non-finite values")
         obs, critic_obs = batch["obs"], batch["critic_obs"]
         t, n = batch["rewards"].shape
         if obs.shape[-1] != policy.obs_size or critic_obs.shape[-1] != policy.critic_size:
@@ -379,11 +385,15 @@ class APPOModule(pl.LightningModule):
                 if hp.max_grad_norm is not None:
                     self.clip_gradients(opt, gradient_clip_val=hp.max_grad_norm,
                                         gradient_clip_algorithm="norm")
+                if not torch.isfinite(terms["loss"]):
+                    bad = {k: float(v) for k, v in terms.items()}
+                    raise FloatingPointError(f"APPO loss is not finite ({bad}) at update "
+                                             f"{self.policy_version}; no step taken. Lower lr "
+                                             "or check the task's observations and rewards")
                 opt.step()
-                kl = self._reduce(terms["kl"].detach().clone(), dist.ReduceOp.SUM)
-                kl = kl / self._world_size()
                 if hp.adaptive_lr:
-                    self._adapt_lr(float(kl))
+                    kl = self._reduce(terms["kl"].detach().clone(), dist.ReduceOp.SUM)
+                    self._adapt_lr(float(kl) / self._world_size())
                 history.append(torch.stack([terms[k].detach() for k in _TERMS]))
         means = torch.stack(history).mean(0).tolist()
         self.log_dict({f"loss/{k}" if "loss" in k or k == "entropy" else f"learner/{k}": v

@@ -283,3 +283,12 @@ def test_two_ddp_learners_stay_identical(pendulum_batch):
                          accelerator="cpu", devices=2, strategy="ddp_spawn",
                          callbacks=[_CheckRanksAgree()])
     trainer.fit(module, FixedBatches([batch, other], spec))
+
+
+def test_non_finite_rollout_is_an_error_not_a_silent_nan(pendulum_batch):
+    policy, batch, _ = pendulum_batch
+    module = APPOModule(policy=_copy(policy))
+    bad = dict(batch, rewards=batch["rewards"].clone())
+    bad["rewards"][3, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"batch\['rewards'\]: NaN or inf"):
+        module.prepare(bad)
