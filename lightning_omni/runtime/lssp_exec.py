@@ -146,35 +146,41 @@ def build_exec_plan(split: MicrobatchSplit, lengths: Mapping[int, int],
 
 
 def lssp_actions(plan: LsspExecPlan, rank: int, global_ranks: Sequence[int], microbatch: int,
-                 in_row_bytes: int, out_row_bytes: int, hidden_bytes: int, layers: int
-                 ) -> list[Action]:
+                 in_row_bytes: int, out_row_bytes: int, hidden_bytes: int, layers: int,
+                 cost: EncoderCost | None = None) -> list[Action]:
     """This rank's forward program for the microbatch in the plan IR: the input all-to-all
     (SAMPLES), the DP and SP encoder work in phase order (each SP sample's Ulysses all-to-alls
     as one ALLTOALL per sample over its group, ``counts`` in bytes for all 4 x ``layers``
-    rounds), and the feature all-to-all (FEATURES). ``counts`` are bytes sent to each member."""
+    rounds), and the feature all-to-all (FEATURES). ``counts`` are bytes sent to each member.
+    ``share`` is the fraction of the microbatch's encoder seconds under ``cost`` (default: of
+    its tokens)."""
     n = plan.group_size
     group = tuple(global_ranks)
+
+    def work(sid: int) -> float:
+        n_tok = plan.lengths[sid]
+        return cost.item(sid, n_tok).seconds if cost is not None else float(n_tok)
 
     def counts(pieces: Sequence[Piece], row_bytes: int) -> tuple[int, ...]:
         send, _ = plan.splits(rank, pieces)
         return tuple(s * row_bytes if d != rank else 0 for d, s in enumerate(send))
 
     split = plan.split
-    total = sum(plan.lengths.values()) or 1
+    total = sum(work(s) for s in plan.lengths) or 1.0
     out = [Action(Kind.ALLTOALL, microbatch, payload=Payload.SAMPLES, group=group,
                   counts=counts(plan.inputs, in_row_bytes))]
     for phase in split.phase_order:
         if phase == DP and split.dp_samples[rank]:
             mine = split.dp_samples[rank]
             out.append(Action(Kind.ENC_FWD, microbatch,
-                              share=sum(plan.lengths[s] for s in mine) / total,
+                              share=sum(work(s) for s in mine) / total,
                               samples=tuple(sorted(mine))))
         elif phase == SP:
             for g in split.sp_groups:
                 if rank not in g.ranks:
                     continue
                 k = len(g.ranks)
-                share = plan.lengths[g.sample_id] / total / k
+                share = work(g.sample_id) / total / k
                 out.append(Action(Kind.ENC_FWD, microbatch, share=share, samples=(g.sample_id,)))
                 per_peer = 4 * layers * plan.chunk[g.sample_id] * hidden_bytes // k
                 members = tuple(group[r] for r in g.ranks)

@@ -153,3 +153,33 @@ def test_lssp_actions_in_the_ir():
     # bytes sent by rank 0 to rank 1 = rows rank 0 owns and rank 1 encodes, times row bytes
     rows = sum(p.rows for p in ex.inputs if p.src == 0 and p.dst == 1)
     assert progs[0][0].counts[1] == rows * 48
+
+
+def test_simulated_lssp_program_matches_the_plan():
+    """Priced by the simulator with the planner's own costs and free communication, the IR
+    program of each microbatch runs each rank's encoder work until exactly when plan_lssp
+    says, and the step ends at the plan's makespan."""
+    from lightning_omni.plan.schedule import Schedule
+    from lightning_omni.plan.simulate import StepCosts, simulate
+
+    plan = _plan()
+    for m, lengths in enumerate(MICROBATCHES):
+        split = plan.microbatches[m]
+        ex = build_exec_plan(split, lengths, OWNER)
+        progs = tuple(tuple(lssp_actions(ex, r, (0, 1), m, 48, 64, 128, 2, cost=COST))
+                      for r in range(2))
+        total = sum(COST.item(s, n).seconds for s, n in lengths.items())
+        sched = Schedule("lssp", 1, 1, (), (0, 1), progs, (0, 0), (1, 1))
+        costs = StepCosts(
+            compute_seconds=lambda r, a, total=total: a.share * total,
+            transfer_seconds=lambda r, a: 0.0, collective_seconds=lambda r, a: 0.0,
+            memory_delta_bytes=lambda r, a: 0.0, static_memory_bytes=lambda r: 0.0,
+            memory_cap_bytes=float("inf"))
+        sim = simulate(sched, costs)
+        # the feature all-to-all at the end makes every rank wait for the slowest
+        assert sim.step_seconds == pytest.approx(split.makespan, rel=1e-12)
+        assert sim.rank_end_seconds == pytest.approx((split.makespan,) * 2, rel=1e-12)
+        before_return = Schedule("lssp", 1, 1, (), (0, 1), tuple(p[:-1] for p in progs),
+                                 (0, 0), (1, 1))
+        sim = simulate(before_return, costs)
+        assert sim.rank_end_seconds == pytest.approx(split.rank_finish_seconds, rel=1e-12)
