@@ -73,3 +73,14 @@ def test_randomization_reaches_the_pool() -> None:
     for _ in range(3):
         env.step(np.zeros((3, 29)))
     assert np.isfinite(env.buffers.obs).all()
+
+
+def test_reward_terms_in_info_sum_to_the_reward() -> None:
+    env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1)
+    env.reset(seed=1)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        _, reward, term, _, info = env.step(rng.uniform(-1, 1, (4, 29)))
+        total = sum(info[name] for name in env.spec.info_names)
+        np.testing.assert_allclose(total, reward, rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(info["reward_termination"] < 0, term)

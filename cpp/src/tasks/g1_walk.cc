@@ -44,6 +44,11 @@ class G1WalkFlat : public Task {
     spec_.memory_size = kMemory;
     spec_.action_low.assign(kJoints, -1.0);
     spec_.action_high.assign(kJoints, 1.0);
+    // each term's share of the reward (ctrl_dt x weight x term): they sum to the reward
+    spec_.info_names = {"reward_tracking_lin_vel", "reward_tracking_ang_vel", "reward_lin_vel_z",
+                        "reward_ang_vel_xy",       "reward_orientation",      "reward_torques",
+                        "reward_action_rate",      "reward_feet_air_time",    "reward_feet_slip",
+                        "reward_termination"};
 
     action_scale_ = p.Get("action_scale", 0.5);
     joint_noise_ = p.Get("reset_joint_noise", 0.1);
@@ -147,6 +152,12 @@ class G1WalkFlat : public Task {
                          w_air_ * air + w_slip_ * slip + w_term_ * (fallen ? 1.0 : 0.0);
     out->reward = dt_ * total;
     out->terminated = fallen;
+    if (mjtNum* info = out->info) {
+      const mjtNum terms[] = {w_lin_ * lin,   w_ang_ * ang,       w_linz_ * linz, w_angxy_ * angxy,
+                              w_orient_ * orient, w_torque_ * torque, w_rate_ * rate,
+                              w_air_ * air,   w_slip_ * slip,     w_term_ * (fallen ? 1.0 : 0.0)};
+      for (int k = 0; k < 10; ++k) info[k] = dt_ * terms[k];
+    }
     for (int i = 0; i < kJoints; ++i) memory[kLastAction + i] = action[i];
     memory[kStep] += 1;
   }
