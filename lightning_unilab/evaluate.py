@@ -341,6 +341,7 @@ class EvaluationRollout(pl.Callback):
             logger.log_metrics({"eval/return": self.summary["return"],
                                 "eval/episode_length": float(self.summary["length"])},
                                step=trainer.global_step)
+            logger.finalize("success")  # fit already closed the loggers: flush these too
         print(msg, flush=True)
 
 

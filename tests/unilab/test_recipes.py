@@ -45,7 +45,14 @@ def test_recipe_trains_two_rollouts_and_evaluates(recipe: str, tmp_path: Path) -
     assert module.policy_version == 2, "two rollouts, two updates"
     assert trainer.global_step == 2 * module.hparams.epochs * module.hparams.minibatches
     log_dir = Path(trainer.log_dir)
-    assert list(log_dir.glob("events.out.tfevents.*")), "TensorBoard logs"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: set[str] = set()
+    for events in log_dir.glob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert {"rollout/env_steps", "learner/policy_version", "eval/return"} <= tags
     summary = json.loads((log_dir / "evaluation" / "episode.json").read_text())
     assert 1 <= summary["length"] <= 12 and np.isfinite(summary["return"])
     assert len(summary["rewards"]) == summary["length"]
