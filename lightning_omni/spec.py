@@ -112,27 +112,27 @@ class OmniSpec:
     def check_shapes(self, batch: dict[str, Tensor]) -> None:
         """Run one sample through every part and check that the parts connect."""
         one = {k: v[:1] for k, v in batch.items() if isinstance(v, Tensor)}
-        h = self.embedding(one[self.tokens])
+        h = _call("embedding", self.embedding, one[self.tokens])
         _expect(isinstance(h, Tensor) and h.dim() == 3 and h.shape[:2] == one[self.tokens].shape,
                 "embedding", "output [B, T, hidden]", _shape(h))
         for m in self.modalities:
             n = int(one[m.lengths][0])
             if n == 0:
                 continue
-            f = m.encoder(one[m.inputs], one[m.lengths])
+            f = _call(f"modalities[{m.name}].encoder", m.encoder, one[m.inputs], one[m.lengths])
             _expect(isinstance(f, Tensor) and f.dim() == 3 and f.shape[-1] == h.shape[-1]
                     and f.shape[1] >= n, f"modalities[{m.name}].encoder",
                     f"output [B, L>={n}, hidden={h.shape[-1]}] (the embedding's width)",
                     _shape(f))
         for i, b in enumerate(self.blocks):
-            out = b(h)
+            out = _call(f"blocks[{i}]", b, h)
             _expect(isinstance(out, Tensor) and out.shape == h.shape, f"blocks[{i}]",
                     f"output of its input's shape {tuple(h.shape)}", _shape(out))
             h = out
-        logits = self.head(h)
+        logits = _call("head", self.head, h)
         _expect(isinstance(logits, Tensor) and logits.shape[:2] == h.shape[:2], "head",
                 f"output [B, T, ...] with B, T = {tuple(h.shape[:2])}", _shape(logits))
-        res = self.loss(logits, one)
+        res = _call("loss", self.loss, logits, one)
         _expect(isinstance(res, tuple) and len(res) == 2, "loss", "a (sum, count) pair",
                 type(res).__name__)
 
@@ -150,6 +150,15 @@ def valid_rows(out: Tensor, lengths: Tensor) -> Tensor:
     """The encoder output rows of each sample's valid positions, sample by sample."""
     keep = torch.arange(out.shape[1], device=out.device) < lengths.to(out.device).unsqueeze(1)
     return out[keep]
+
+
+def _call(name: str, part: Callable, *args: Tensor) -> object:
+    try:
+        return part(*args)
+    except Exception as err:
+        shapes = [_shape(a) for a in args if isinstance(a, Tensor)]
+        raise OmniSpecError(f"{name}: failed on inputs of shapes {shapes} from the previous "
+                            f"part ({type(err).__name__}: {err})") from err
 
 
 def _shape(x: object) -> object:

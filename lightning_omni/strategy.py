@@ -116,10 +116,6 @@ class OmniStrategy(DDPStrategy):
     def post_backward(self, closure_loss: torch.Tensor) -> None:
         pass
 
-    def teardown(self) -> None:
-        self.engine = None
-        super().teardown()
-
     # -- checkpoints: one shard per stage ---------------------------------------------------
     def lightning_module_state_dict(self) -> dict[str, Any]:
         module = self.lightning_module

@@ -183,7 +183,9 @@ def reference_run(steps: int, batch: int, data: ToyData, seed: int = 0,
     model = make_model(seed, **kw)
     opt = model.configure_optimizers()
     losses, grads0 = [], None
-    for i, b in enumerate(global_batches(data, batch)[:steps]):
+    batches = global_batches(data, batch)
+    for i in range(steps):
+        b = batches[i % len(batches)]  # epochs repeat the same order (no shuffling)
         opt.zero_grad()
         loss = model.training_step(b, i)
         loss.backward()
@@ -266,28 +268,53 @@ class _Record(pl.Callback):
                            if id(p) in hosted and p.grad is not None}
 
 
+def _trainer(world: int, strategy, steps: int, callbacks: list, **kw: Any) -> pl.Trainer:
+    return pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=steps,
+                      logger=kw.pop("logger", False),
+                      enable_checkpointing=kw.pop("enable_checkpointing", False),
+                      enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=callbacks, use_distributed_sampler=False, **kw)
+
+
+def _loader(rank: int, pp: int, dp: int, samples: int, batch: int) -> DataLoader:
+    data = ToyData(samples)
+    # the same global batches, in order, as the single-process reference
+    sampler = DistributedSampler(data, num_replicas=dp, rank=rank // pp, shuffle=False)
+    return DataLoader(data, batch_size=batch // dp, sampler=sampler)
+
+
 def fit_worker(rank: int, world: int, pp: int, dp: int, schedules: list[str], steps: int,
-               batch: int, extra: dict | None = None) -> dict[str, Any]:
-    """Per schedule: losses, first-step gradients and final values of the hosted parameters."""
+               batch: int, samples: int, ckpt_dir: str | None = None) -> dict[str, Any]:
+    """Per schedule: losses, first-step gradients and final values of the hosted parameters.
+    With ``ckpt_dir`` (last schedule): also a run stopped after one epoch, checkpointed, and
+    resumed in a fresh Trainer and model up to ``steps``."""
     from lightning_omni import OmniStrategy
 
-    out = {}
+    out: dict[str, Any] = {}
     for schedule in schedules:
         model = make_model(0)
-        data = ToyData(batch * steps)
-        # the same global batches, in order, as the single-process reference
-        sampler = DistributedSampler(data, num_replicas=dp, rank=rank // pp, shuffle=False)
-        loader = DataLoader(data, batch_size=batch // dp, sampler=sampler)
         rec = _Record()
         strategy = OmniStrategy(pipeline_parallel=pp, data_parallel=dp, schedule=schedule,
-                                num_microbatches=4, **(extra or {}))
-        trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=strategy,
-                             max_steps=steps, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False,
-                             callbacks=[rec], use_distributed_sampler=False)
-        trainer.fit(model, loader)
+                                num_microbatches=4)
+        _trainer(world, strategy, steps, [rec]).fit(model, _loader(rank, pp, dp, samples, batch))
         hosted = strategy.engine.hosted_param_ids() if strategy.engine else set()
         out[schedule] = {"losses": rec.losses, "grads0": rec.grads0,
                          "params": {n: p.detach().clone() for n, p in model.named_parameters()
                                     if id(p) in hosted}}
+    if ckpt_dir is not None:
+        path = os.path.join(ckpt_dir, "epoch0.ckpt")
+        strategy = OmniStrategy(pipeline_parallel=pp, data_parallel=dp, schedule=schedule,
+                                num_microbatches=4)
+        # Lightning's own checkpoint callback, at the end of the first epoch
+        save = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename="epoch0", save_top_k=-1)
+        trainer = _trainer(world, strategy, -1, [save], max_epochs=1, enable_checkpointing=True)
+        trainer.fit(make_model(0), _loader(rank, pp, dp, samples, batch))
+        rec = _Record()
+        strategy = OmniStrategy(pipeline_parallel=pp, data_parallel=dp, schedule=schedule,
+                                num_microbatches=4)
+        # epoch-based, like the checkpoint (max_steps makes Lightning resume mid-epoch)
+        epochs = steps * batch // samples
+        _trainer(world, strategy, -1, [rec], max_epochs=epochs).fit(
+            make_model(1), _loader(rank, pp, dp, samples, batch), ckpt_path=path)
+        out["resumed_losses"] = rec.losses
     return out
