@@ -11,7 +11,8 @@ as a TensorDict of groups, ``"policy"`` (the actor's) and, for tasks with a crit
 bootstraps them); ``episode_length_buf`` is the live step counter of each env's episode, and
 assigning it (the runner's ``init_at_random_ep_len``) moves the time limits of the envs.
 Actions are clipped to the task's bounds (``clip_actions=False`` passes them as they are).
-``extras["log"]`` carries the fraction of envs whose step ended with MuJoCo warnings.
+``extras["log"]`` carries the fraction of envs whose step ended with MuJoCo warnings and the
+step's mean of each named term of the task (the G1's reward terms, gymnasium's reward parts).
 """
 
 from __future__ import annotations
@@ -81,7 +82,10 @@ class RslRlVecEnv(VecEnv):
         time_outs = torch.as_tensor(truncated & ~terminated, device=self.device)
         warned = info["status"] & ((1 << _core.NUM_WARNINGS) - 1)
         unstable = float(np.count_nonzero(warned)) / self.num_envs
-        extras = {"time_outs": time_outs, "log": {"/unstable_fraction": unstable}}
+        log = {"/unstable_fraction": unstable}
+        for name in self.env.spec.info_names:  # the task's reward terms, as means over envs
+            log[f"/{name}"] = float(np.mean(info[name]))
+        extras = {"time_outs": time_outs, "log": log}
         rewards = torch.as_tensor(reward, dtype=torch.float32, device=self.device)
         return self._obs, rewards, dones, extras
 
