@@ -1,0 +1,95 @@
+"""Mutation check of the planner's cost model: plant each known bug in a temporary copy of the
+package, run the planner tests there, and report which tests caught it. Nothing in the working
+tree is modified.
+
+    python tests/omni/plant_cost_bugs.py            # all plants
+    python tests/omni/plant_cost_bugs.py "free all-reduce"
+
+Every plant must make at least one test fail (exit status 1 if one does not).
+"""
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PLANTS = [
+ ("free all-reduce", "lightning_omni/plan/costs.py",
+  "        return 2 * (group - 1) * alpha + 2 * (group - 1) / group * nbytes / bw",
+  "        return 0.0 * nbytes"),
+ ("free all-to-all", "lightning_omni/plan/costs.py",
+  "        return (group - 1) * alpha + (group - 1) / group * nbytes_per_rank / bw",
+  "        return 0.0"),
+ ("free all-to-all (exchange)", "lightning_omni/plan/costs.py",
+  "        return float((group - 1) * alpha + nbytes / bw)",
+  "        return 0.0"),
+ ("free inter-node p2p", "lightning_omni/plan/costs.py",
+  "        return hw.ib_latency_s + nbytes / hw.ib_bytes_per_s",
+  "        return 0.0"),
+ ("no causal attention term", "lightning_omni/plan/costs.py",
+  "        return (2.0 if self.causal else 4.0) * self.hidden",
+  "        return 4.0 * self.hidden"),
+ ("backward equal to forward", "lightning_omni/plan/costs.py",
+  "    backward_factor: float = 2.0\n    attention_backward_factor: float = 2.5",
+  "    backward_factor: float = 1.0\n    attention_backward_factor: float = 1.0"),
+ ("lightest replica simulated", "lightning_omni/plan/pricing.py",
+  "    slowest_r, slowest_pr, slowest = max(sims, key=lambda x: (x[2].step_seconds, -x[0]))",
+  "    slowest_r, slowest_pr, slowest = min(sims, key=lambda x: (x[2].step_seconds, -x[0]))"),
+ ("lightest replica simulated (bounded path)", "lightning_omni/plan/pricing.py",
+  "    chosen = order if simulate_replicas is None else order[:max(1, simulate_replicas)]",
+  "    chosen = order[-1:]"),
+ ("no DP gradient sync", "lightning_omni/plan/pricing.py",
+  "        return float(sum(self.cost.allreduce_seconds(b, g, inside) for b, g, inside in parts))",
+  "        return 0.0"),
+ ("free Ulysses all-to-all", "lightning_omni/plan/pricing.py",
+  "        return enc.layers * 4 * lens * enc.hidden * BYTES_BF16 / tp / \\\n"
+  "            self.sc.hardware.nvlink_bytes_per_s",
+  "        return 0.0 * lens"),
+ ("free Ulysses all-to-all (sp_seconds)", "lightning_omni/plan/lssp.py",
+  "        return self.seconds / degree + self.alltoall_seconds * (degree - 1) / degree**2",
+  "        return self.seconds / degree"),
+ ("free feature transfers", "lightning_omni/plan/pricing.py",
+  "        return self.cost.p2p_seconds(tokens * self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp,"
+  "\n                                     inside)",
+  "        return 0.0"),
+]
+TESTS = ["tests/omni/test_costs.py", "tests/omni/test_pricing.py", "tests/omni/test_systems.py",
+         "tests/omni/test_run_prediction.py", "tests/omni/test_lssp.py"]
+# An editable install would import the working tree's package: drop its finder, put the copy first.
+RUNNER = ("import sys\n"
+          "sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower() and "
+          "'editable' not in getattr(type(f), '__module__', '').lower()]\n"
+          "sys.path.insert(0, '.')\n"
+          "import pytest\nsys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', *sys.argv[1:]]))\n")
+only = sys.argv[1:]
+ROOT = Path(tempfile.mkdtemp(prefix="omni-plant-"))
+shutil.copytree(REPO / "lightning_omni", ROOT / "lightning_omni")
+shutil.copytree(REPO / "tests" / "omni", ROOT / "tests" / "omni")
+shutil.copy(REPO / "pyproject.toml", ROOT / "pyproject.toml")
+missed = []
+for name, rel, old, new in PLANTS:
+    if only and name not in only:
+        continue
+    path = ROOT / rel
+    orig = path.read_text()
+    assert orig.count(old) == 1, (name, orig.count(old))
+    path.write_text(orig.replace(old, new))
+    try:
+        r = subprocess.run([sys.executable, "-c", RUNNER, *TESTS], cwd=ROOT,
+                           capture_output=True, text=True)
+    finally:
+        path.write_text(orig)
+    failed = [ln.split(" - ")[0].replace("FAILED ", "") for ln in r.stdout.splitlines()
+              if ln.startswith("FAILED")]
+    summary = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-300:]
+    print(f"{name:38} rc={r.returncode} {summary}")
+    for f in failed:
+        print(f"    {f}")
+    if r.returncode != 1 or not failed:
+        missed.append(name)
+    sys.stdout.flush()
+shutil.rmtree(ROOT, ignore_errors=True)
+if missed:
+    print(f"NOT caught: {missed}")
+sys.exit(1 if missed else 0)
