@@ -318,3 +318,51 @@ def fit_worker(rank: int, world: int, pp: int, dp: int, schedules: list[str], st
             make_model(1), _loader(rank, pp, dp, samples, batch), ckpt_path=path)
         out["resumed_losses"] = rec.losses
     return out
+
+
+def strategy_worker(rank: int, world: int, log_dir: str) -> dict[str, Any]:
+    """On 2 ranks (PP=2): TensorBoard metrics of a short fit, the error for a batch that does
+    not split into the microbatches, then rank 1 dies mid-step and rank 0 must get a clear
+    error within the (short) timeout instead of hanging."""
+    import time
+    from datetime import timedelta
+
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from lightning_omni import OmniStrategy
+    from lightning_omni.runtime import OmniEngine, OmniRuntimeError, make_layout
+
+    out: dict[str, Any] = {}
+    strategy = OmniStrategy(pipeline_parallel=2, num_microbatches=4,
+                            timeout=timedelta(seconds=20))
+    logger = TensorBoardLogger(log_dir, name="omni", version=0)
+    _trainer(world, strategy, 2, [], logger=logger, log_every_n_steps=1).fit(
+        make_model(0), _loader(rank, 2, 1, 32, 16))
+    if rank == 0:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(logger.log_dir)
+        acc.Reload()
+        out["tags"] = {t: [e.value for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+    strategy = OmniStrategy(pipeline_parallel=2, num_microbatches=3)
+    try:
+        _trainer(world, strategy, 1, []).fit(make_model(0), _loader(rank, 2, 1, 32, 16))
+    except ValueError as err:
+        out["split_error"] = str(err)
+    # a lost rank: rank 1 exits abruptly after one step
+    model = make_model(0)
+    spec = model.configure_omni()
+    layout = make_layout(world, rank, 2, 1, spec.costs_of_blocks())
+    engine = OmniEngine(spec, layout, "uniform_insertion", 4, timedelta(seconds=5),
+                        torch.device("cpu"))
+    batch = global_batches(ToyData(16), 16)[0]
+    engine.step(batch)
+    if rank == 1:
+        os._exit(3)
+    t0 = time.perf_counter()
+    try:
+        engine.step(batch)
+    except OmniRuntimeError as err:
+        out["lost_rank_error"] = str(err)
+    out["lost_rank_seconds"] = time.perf_counter() - t0
+    return out

@@ -1,0 +1,66 @@
+"""OmniStrategy as Lightning sees it: registry, clear errors for bad setups, metrics, lost ranks."""
+
+import pytest
+from lightning.pytorch import Trainer
+from lightning.pytorch.strategies import StrategyRegistry
+from omni_models import ToyData, make_model, reference_run, spawn, strategy_worker
+from torch.utils.data import DataLoader
+
+from lightning_omni import OmniSpecError, OmniStrategy
+
+
+def _fit(strategy, model):
+    trainer = Trainer(accelerator="cpu", devices=1, strategy=strategy, max_steps=1, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False)
+    trainer.fit(model, DataLoader(ToyData(8), batch_size=4))
+
+
+def test_registered_as_omni():
+    assert "omni" in StrategyRegistry
+    trainer = Trainer(accelerator="cpu", devices=1, strategy="omni", logger=False)
+    assert isinstance(trainer.strategy, OmniStrategy)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"pipeline_parallel": 0}, "pipeline_parallel: expected an int >= 1"),
+    ({"schedule": "zero_bubble"}, "schedule: expected one of"),
+    ({"num_microbatches": 0}, "num_microbatches: expected an int >= 1"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        OmniStrategy(**kwargs)
+
+
+def test_module_without_configure_omni_fails_before_any_process_starts():
+    class Plain(type(make_model(0))):
+        configure_omni = None
+
+    with pytest.raises(OmniSpecError, match="configure_omni"):
+        _fit(OmniStrategy(), Plain().double())
+
+
+def test_parallel_sizes_must_match_the_world():
+    with pytest.raises(ValueError, match=r"world size 1 \(devices \* num_nodes\), got 2 \* 1"):
+        _fit(OmniStrategy(pipeline_parallel=2, data_parallel=1), make_model(0))
+
+
+def test_metrics_split_errors_and_a_lost_rank(tmp_path):
+    rank0, _ = spawn(strategy_worker, 2, str(tmp_path), allow_failures=True)
+    status, out = rank0
+    assert status == "ok", out
+    tags = out["tags"]
+    for tag in ("omni/tokens_per_s", "omni/bubble_fraction", "omni/step_ms",
+                "omni/predicted_step_ms", "omni/peak_saved_activation_mb/stage0",
+                "omni/peak_saved_activation_mb/stage1", "omni/bubble_fraction/stage1"):
+        assert tag in tags and len(tags[tag]) == 2, tag
+    assert all(0.0 <= b < 1.0 for b in tags["omni/bubble_fraction"])
+    assert all(v > 0 for v in tags["omni/peak_saved_activation_mb/stage0"])
+    assert all(v > 0 for v in tags["omni/tokens_per_s"])
+    assert "cannot be split into num_microbatches=3" in out["split_error"]
+    assert "probably died" in out["lost_rank_error"]
+    assert out["lost_rank_seconds"] < 30
+    # the logged loss is the global one (TensorBoard stores float32)
+    want = reference_run(1, 16, ToyData(32))["losses"][0]
+    assert tags["omni/loss"][0] == pytest.approx(want, rel=1e-6)
+    print(out["split_error"], out["lost_rank_error"], sep="\n")
