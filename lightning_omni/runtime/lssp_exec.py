@@ -305,16 +305,33 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
     return LsspResult(features, got, bytes_sent, len(degrees), tuple(degrees))
 
 
-def encoder_many(encoder: torch.nn.Module, samples: Sequence[torch.Tensor]
-                 ) -> list[torch.Tensor]:
-    """Encode variable-length samples as one padded batch; the valid rows of each."""
+def encoder_many(encoder: torch.nn.Module, samples: Sequence[torch.Tensor],
+                 bucket_ratio: float = 0.75) -> list[torch.Tensor]:
+    """Encode variable-length samples; the valid rows of each, in order.
+
+    Samples are batched with padding in length buckets (a bucket closes when a sample is
+    shorter than ``bucket_ratio`` times its longest), so a short sample never pays for a long
+    one's attention: one padded batch of a 32- and a 512-token sample would cost two 512s.
+    """
     if not samples:
         return []
-    lengths = torch.tensor([s.shape[0] for s in samples])
-    batch = torch.nn.utils.rnn.pad_sequence(list(samples), batch_first=True)
-    out = encoder(batch, lengths)
-    keep = torch.arange(batch.shape[1])[None, :] < lengths[:, None]
-    return list(out[keep].split(lengths.tolist()))
+    lengths = [s.shape[0] for s in samples]
+    order = sorted(range(len(samples)), key=lambda i: -lengths[i])
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets and lengths[i] >= bucket_ratio * lengths[buckets[-1][0]]:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    out: list[torch.Tensor | None] = [None] * len(samples)
+    for idx in buckets:
+        n = torch.tensor([lengths[i] for i in idx])
+        batch = torch.nn.utils.rnn.pad_sequence([samples[i] for i in idx], batch_first=True)
+        y = encoder(batch, n)
+        keep = torch.arange(batch.shape[1])[None, :] < n[:, None]
+        for i, f in zip(idx, y[keep].split(n.tolist()), strict=True):
+            out[i] = f
+    return out  # type: ignore[return-value]
 
 
 def lssp_metrics(plan: LsspPlan) -> dict[str, float]:

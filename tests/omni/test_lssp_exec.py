@@ -183,3 +183,11 @@ def test_simulated_lssp_program_matches_the_plan():
                                  (0, 0), (1, 1))
         sim = simulate(before_return, costs)
         assert sim.rank_end_seconds == pytest.approx(split.rank_finish_seconds, rel=1e-12)
+
+
+def test_encoder_many_buckets_equal_one_by_one():
+    enc = _encoder(False)
+    xs = [_sample(s, n)[0] for s, n in enumerate((3, 40, 5, 38, 1, 21))]
+    got = encoder_many(enc, xs)
+    for x, g in zip(xs, got, strict=True):
+        torch.testing.assert_close(g, enc(x[None])[0], rtol=1e-10, atol=1e-12)
