@@ -1,0 +1,218 @@
+"""RL training cycle: collection and update in turn (sync PPO) against overlapped (APPO).
+
+G1 walk (flat) with the MLP 512-256-128 actor-critic; the collector process and the learner use
+one CPU thread each (2 cores). Measured, in this order:
+
+- ``collect_ms``: one N x T rollout alone (in this process, no learner running);
+- ``update_ms``: one APPO update on one slot alone (epochs x minibatches, no collector running);
+- ``sync_cycle_ms`` / ``async_cycle_ms``: wall time per training step in steady state of a
+  Trainer.fit on RolloutDataModule(mode="sync" / "async"), median over the measured steps;
+- ``env_steps_per_s_*``: N*T / cycle; ``mean_policy_lag``: updates between the weights that
+  collected a slot and the weights it updates (async);
+- ``ring_copy_ms``: time the learner spends turning a ready slot into tensors (zero-copy views).
+
+Unless ``--epochs`` is given, the update's epochs are chosen from the measured collect and
+update times so that the two are as close as the whole numbers allow (the overlap can gain at
+most 2x when they are equal); the JSON records the ratio.
+
+    flock /tmp/omnilab-bench.lock python benchmarks/rl_cycle.py [--quick] --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_unilab.appo import APPOModule
+from lightning_unilab.data import EnvSpec, RolloutDataModule
+from lightning_unilab.policy import ActorCritic
+from lightning_unilab.rollout import RolloutSpec, RolloutState, as_tensors, collect
+from lightning_unilab.vector_env import TaskVectorEnv
+
+TASK = "g1-walk-flat"
+HIDDEN = (512, 256, 128)
+MINIBATCHES = 4
+TARGETS = {"async_vs_max": 1.15, "sync_vs_async": 1.5, "copy_vs_update": 0.05, "balance": 0.3}
+
+
+class CycleTimer(Callback):
+    """Per training step: start time, update time, policy lag, reader wait."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.updates: list[float] = []
+        self.lags: list[int] = []
+        self._t0 = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._t0 = time.perf_counter()
+        self.starts.append(self._t0)
+        stats = batch.get("stats", {})
+        if "policy_version" in stats:
+            self.lags.append(pl_module.policy_version - int(stats["policy_version"]))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.updates.append(time.perf_counter() - self._t0)
+
+
+class _Repeat(IterableDataset):
+    def __init__(self, batch: dict[str, Any]) -> None:
+        self.batch = batch
+
+    def __iter__(self):
+        while True:
+            yield self.batch
+
+
+class FixedSlot(pl.LightningDataModule):
+    """One collected slot, served again and again: the update alone."""
+
+    def __init__(self, batch: dict[str, Any], spec: RolloutSpec) -> None:
+        super().__init__()
+        self.batch = batch
+        self.env_spec = EnvSpec(spec.obs_size, spec.critic_size, spec.action_size)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_Repeat(self.batch), batch_size=None, collate_fn=lambda b: b)
+
+
+def _trainer(steps: int, epochs: int, timer: CycleTimer) -> pl.Trainer:
+    return pl.Trainer(accelerator="cpu", devices=1, max_steps=steps * epochs * MINIBATCHES,
+                      max_epochs=-1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[timer])
+
+
+def _module(epochs: int) -> APPOModule:
+    return APPOModule(actor_hidden=HIDDEN, critic_hidden=HIDDEN, epochs=epochs,
+                      minibatches=MINIBATCHES)
+
+
+def measure_collect(n: int, t: int, reps: int) -> tuple[float, dict[str, Any], RolloutSpec]:
+    env = TaskVectorEnv(TASK, n, 1, seed=0)
+    spec = RolloutSpec.from_env(env, t)
+    policy = ActorCritic(spec.obs_size, spec.critic_size, spec.action_size, HIDDEN, HIDDEN)
+    state = RolloutState.start(env, seed=0)
+    arrays = spec.allocate()
+    collect(env, policy, arrays, state)  # warm-up: first resets, allocator
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        collect(env, policy, arrays, state)
+        times.append(time.perf_counter() - t0)
+    env.close()
+    return 1e3 * statistics.median(times), as_tensors(arrays), spec
+
+
+def measure_update(batch: dict[str, Any], spec: RolloutSpec, epochs: int, reps: int) -> float:
+    timer = CycleTimer()
+    _trainer(reps + 1, epochs, timer).fit(_module(epochs), datamodule=FixedSlot(batch, spec))
+    return 1e3 * statistics.median(timer.updates[1:])
+
+
+def measure_cycle(mode: str, n: int, t: int, epochs: int, steps: int, warmup: int) -> dict:
+    timer = CycleTimer()
+    dm = RolloutDataModule(TASK, num_envs=n, horizon=t, mode=mode, collector_threads=1, seed=0)
+    _trainer(steps + warmup, epochs, timer).fit(_module(epochs), datamodule=dm)
+    gaps = [b - a for a, b in zip(timer.starts[warmup:-1], timer.starts[warmup + 1:],
+                                  strict=True)]
+    return {"cycle_ms": 1e3 * statistics.median(gaps),
+            "lag": statistics.mean(timer.lags[warmup:]) if timer.lags else float("nan"),
+            "ring_copy_ms": 1e3 * dm.ring_copy_s / max(dm.slots_read, 1),
+            "update_ms_in_run": 1e3 * statistics.median(timer.updates[warmup:])}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer envs and steps (~1 min)")
+    parser.add_argument("--num-envs", type=int, default=None)
+    parser.add_argument("--horizon", type=int, default=24)
+    parser.add_argument("--epochs", type=int, default=None, help="default: balance collect")
+    parser.add_argument("--steps", type=int, default=None, help="measured training steps")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    n = args.num_envs or (128 if args.quick else 1024)
+    t = args.horizon
+    steps = args.steps or (6 if args.quick else 8)
+    warmup = 2
+    torch.set_num_threads(1)  # the learner's one core; the collector process takes the other
+
+    collect_ms, batch, spec = measure_collect(n, t, reps=3)
+    probe_epochs = 2
+    probe_ms = measure_update(batch, spec, probe_epochs, reps=2)
+    epochs = args.epochs or max(1, min(10, round(probe_epochs * collect_ms / probe_ms)))
+    update_ms = measure_update(batch, spec, epochs, reps=3)
+    sync = measure_cycle("sync", n, t, epochs, steps, warmup)
+    async_ = measure_cycle("async", n, t, epochs, steps, warmup)
+
+    result = {
+        "task": TASK, "num_envs": n, "horizon": t, "epochs": epochs, "minibatches": MINIBATCHES,
+        "hidden": list(HIDDEN), "collector_threads": 1, "learner_threads": 1,
+        "collect_ms": collect_ms, "update_ms": update_ms,
+        "update_vs_collect": update_ms / collect_ms,
+        "sync_cycle_ms": sync["cycle_ms"], "async_cycle_ms": async_["cycle_ms"],
+        "env_steps_per_s_sync": n * t / (sync["cycle_ms"] / 1e3),
+        "env_steps_per_s_async": n * t / (async_["cycle_ms"] / 1e3),
+        "mean_policy_lag": async_["lag"], "sync_policy_lag": sync["lag"],
+        "ring_copy_ms": async_["ring_copy_ms"],
+        "update_ms_in_async_run": async_["update_ms_in_run"],
+    }
+    bound = max(collect_ms, update_ms)
+    balanced = abs(update_ms / collect_ms - 1) <= TARGETS["balance"]
+    result["checks"] = {
+        "balanced_within_30pct": balanced,
+        "async_vs_max": result["async_cycle_ms"] / bound,
+        "async_vs_max_ok": result["async_cycle_ms"] <= TARGETS["async_vs_max"] * bound,
+        "sync_vs_async": result["sync_cycle_ms"] / result["async_cycle_ms"],
+        "sync_vs_async_ok": (result["sync_cycle_ms"] / result["async_cycle_ms"]
+                             >= TARGETS["sync_vs_async"]) if balanced else None,
+        "copy_vs_update": result["ring_copy_ms"] / update_ms,
+        "copy_vs_update_ok": result["ring_copy_ms"] <= TARGETS["copy_vs_update"] * update_ms,
+    }
+    _print(result)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _print(r: dict[str, Any]) -> None:
+    c = r["checks"]
+    verdict = {True: "ok", False: "MISSED", None: "not balanced"}
+    rows = [
+        ("config", f"{r['task']} N={r['num_envs']} T={r['horizon']} epochs={r['epochs']}x"
+                   f"{r['minibatches']} MLP {r['hidden']}, 1+1 threads"),
+        ("collect_ms (alone)", f"{r['collect_ms']:.1f}"),
+        ("update_ms (alone)", f"{r['update_ms']:.1f}  "
+                              f"(update/collect {r['update_vs_collect']:.2f})"),
+        ("sync_cycle_ms", f"{r['sync_cycle_ms']:.1f}"),
+        ("async_cycle_ms", f"{r['async_cycle_ms']:.1f}"),
+        ("env_steps_per_s sync/async", f"{r['env_steps_per_s_sync']:.0f} / "
+                                       f"{r['env_steps_per_s_async']:.0f}"),
+        ("mean_policy_lag (async)", f"{r['mean_policy_lag']:.2f}"),
+        ("ring_copy_ms", f"{r['ring_copy_ms']:.3f}"),
+        ("async / max(collect, update)", f"{c['async_vs_max']:.2f}  (target <= 1.15: "
+                                         f"{'ok' if c['async_vs_max_ok'] else 'MISSED'})"),
+        ("sync / async", f"{c['sync_vs_async']:.2f}  (target >= 1.5 when balanced: "
+                         f"{verdict[c['sync_vs_async_ok']]})"),
+        ("ring_copy / update", f"{c['copy_vs_update']:.4f}  (target <= 0.05: "
+                               f"{'ok' if c['copy_vs_update_ok'] else 'MISSED'})"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
