@@ -85,11 +85,13 @@ def deepspeed_available() -> bool:
 def ensure_deepspeed_comm() -> None:
     """Let DeepSpeed reuse torch's process group (gloo on CPU). Call after torch's init.
 
-    DeepSpeed compiles a small op on first use; ``TORCH_EXTENSIONS_DIR`` defaults to a folder
-    under ``build/`` so that it is compiled once per checkout, not once per process.
+    DeepSpeed compiles a small op on first use; in a checkout ``TORCH_EXTENSIONS_DIR`` defaults
+    to ``build/torch_extensions`` so that it is compiled once per checkout (elsewhere torch's
+    own default cache applies).
     """
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR",
-                          str(Path(__file__).resolve().parents[2] / "build" / "torch_extensions"))
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "pyproject.toml").exists():  # a checkout: cache beside the other build outputs
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(repo / "build" / "torch_extensions"))
     import deepspeed
     import deepspeed.comm as ds_comm
 
