@@ -110,6 +110,23 @@ class OmniStrategy(DDPStrategy):
         loop.optim_progress = old.optim_progress  # keep counters (checkpoint/resume)
         epoch_loop.automatic_optimization = loop
 
+    def on_train_start(self) -> None:
+        """Refuse a loader whose batches cannot split into the microbatches, before step 1."""
+        super().on_train_start()
+        loader = self.lightning_module.trainer.train_dataloader
+        size = getattr(loader, "batch_size", None)
+        if isinstance(size, int) and size % self.num_microbatches != 0:
+            raise ValueError(f"batch: {size} samples per data-parallel replica (the train "
+                             "loader's batch_size) cannot be split into num_microbatches="
+                             f"{self.num_microbatches} equal microbatches; use a batch size "
+                             f"divisible by {self.num_microbatches}")
+        if isinstance(size, int) and not getattr(loader, "drop_last", True):
+            n = len(getattr(loader, "sampler", ()) or ())
+            if n % size % self.num_microbatches != 0:
+                raise ValueError(f"batch: the last batch of an epoch has {n % size} samples, "
+                                 f"not divisible by num_microbatches={self.num_microbatches}; "
+                                 "use drop_last=True or a matching dataset size")
+
     def pre_backward(self, closure_loss: torch.Tensor) -> None:
         pass
 

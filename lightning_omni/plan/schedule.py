@@ -313,7 +313,8 @@ def assign_encoder_samples(sample_costs: Sequence[Sequence[float]], num_stages: 
 def uniform_insertion(num_stages: int, num_microbatches: int,
                       shares: Sequence[Sequence[float]] | None = None,
                       grad_sync: bool = False, sample_exchange: bool = False,
-                      samples: Sequence[Sequence[Sequence[int]]] | None = None) -> Schedule:
+                      samples: Sequence[Sequence[Sequence[int]]] | None = None,
+                      inline_stage0: bool = False) -> Schedule:
     """Omni: each microbatch's encoder work is spread over the pipeline's ranks.
 
     ``shares[m][r]`` is rank r's fraction of microbatch m's encoder work (default:
@@ -325,7 +326,9 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
     F(m)) and encoder backward of m before its LLM forward of m+P (after stage 0's B(m)
     returned the feature gradients). The last P microbatches' encoder backwards run in the
     drain, after the rank's own B(m+r+1). ``sample_exchange`` starts every rank with the
-    grouped-reordering all-to-all.
+    grouped-reordering all-to-all. ``inline_stage0``: stage 0 runs its own share of m right
+    before its F(m) and right after its B(m) (its features need no message, so it need not
+    run ahead), holding about half the encoder activations it holds otherwise.
     """
     _check_sizes(num_stages, num_microbatches)
     p, n = num_stages, num_microbatches
@@ -375,20 +378,25 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
         prog: list[Action] = []
         if sample_exchange:
             prog.append(Action(Kind.ALLTOALL, payload=Payload.SAMPLES))
-        for m in range(min(p, n)):
-            prog += enc_fwd(r, m)
+        inline = inline_stage0 and r == 0
+        if not inline:
+            for m in range(min(p, n)):
+                prog += enc_fwd(r, m)
         # Drain microbatches (no F(m+P) to ride on): encoder backward of m goes after this
         # rank's B(m+r+1), about when stage 0's B(m) has returned its feature gradients.
         drain = range(max(0, n - p), n)
         after_backward: dict[int, list[int]] = {}
-        for m in drain:
-            after_backward.setdefault(min(m + r + 1, n - 1), []).append(m)
+        for m in drain if not inline else range(n):
+            after_backward.setdefault(m if inline else min(m + r + 1, n - 1), []).append(m)
         for op, m in one_f_one_b_order(p, n, r):
-            if op == "F":
+            if op == "F" and inline:
+                prog += enc_fwd(r, m)
+            elif op == "F":
                 if m - p >= 0:
                     prog += enc_bwd(r, m - p)
                 if m + p < n:
                     prog += enc_fwd(r, m + p)
+            if op == "F":
                 if r == 0:
                     for src in range(1, p):
                         if works(src, m):
@@ -407,7 +415,8 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
         programs.append(prog)
     _grad_sync(programs, grad_sync)
     bound = tuple(min(p - s, n) for s in range(p))
-    enc_bound = tuple(min(2 * p, n) for _ in range(p))
+    enc_bound = tuple(bound[0] if inline_stage0 and r == 0 else min(2 * p, n)
+                      for r in range(p))
     return Schedule("uniform_insertion", p, n, ranks, ranks, _freeze(programs), bound, enc_bound)
 
 

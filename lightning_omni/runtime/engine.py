@@ -41,7 +41,8 @@ def build_plan(schedule: str, pipeline: int, costs: tuple) -> Schedule:
         n = len(rep_costs)
         if schedule == "uniform_insertion":
             samples, shares = assign_encoder_samples(rep_costs, pipeline)
-            reps.append(uniform_insertion(pipeline, n, shares, samples=samples))
+            reps.append(uniform_insertion(pipeline, n, shares, samples=samples,
+                                          inline_stage0=True))
         else:
             own = [tuple(i for i, c in enumerate(row) if c > 0) for row in rep_costs]
             reps.append(encoder_first_stage(pipeline, n, samples=own))

@@ -172,3 +172,32 @@ def test_for_replicas_joins_replicas_with_named_groups(builder):
     assert res.step_seconds > 0
     with pytest.raises(ValueError, match="replicas"):
         for_replicas([reps[0], uniform_insertion(3, n)])
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_inline_stage0_is_valid_and_holds_fewer_encoder_activations(p, n):
+    sched = uniform_insertion(p, n, inline_stage0=True)
+    check_schedule(with_completion_points(sched))
+    from lightning_omni.plan.schedule import max_in_flight
+
+    _, enc = max_in_flight(sched)
+    assert all(a <= b for a, b in zip(enc, sched.encoder_in_flight_bound, strict=True))
+    # stage 0 runs its own share just in time: no more in flight than its LLM microbatches
+    assert enc[0] <= min(p, n)
+
+
+def test_inline_stage0_closed_form_two_stages():
+    # 2 stages, 8 microbatches of 4 equal samples; F=1, B=2 per stage, encoder F=1, B=2 per
+    # microbatch, one unit of activation per LLM microbatch and per whole encoder microbatch.
+    samples, shares = assign_encoder_samples([[1.0] * 4] * 8, 2)
+    costs = uniform_costs(1, 2, 1, 2, activation_bytes=1, encoder_activation_bytes=1)
+    first = simulate(encoder_first_stage(2, 8, samples=[(0, 1, 2, 3)] * 8), costs)
+    ahead = simulate(uniform_insertion(2, 8, shares, samples=samples), costs)
+    inline = simulate(uniform_insertion(2, 8, shares, samples=samples, inline_stage0=True), costs)
+    # stage 0 under encoder_first_stage: 2 LLM + 2 encoder microbatches in flight
+    assert first.peak_memory_bytes[0] == 4.0
+    # running ahead P microbatches at half share holds as much; inline holds one half share less
+    assert ahead.peak_memory_bytes[0] == 4.0
+    assert inline.peak_memory_bytes[0] == 3.0
+    assert first.step_seconds == 49.0 and inline.step_seconds == 39.0
