@@ -152,13 +152,14 @@ class OmniEngine:
         costs = tuple(everyone[d * self.layout.pipeline] for d in range(self.layout.data))
         plan = build_plan(self.schedule, self.layout.pipeline, costs)
         record = self.executor.run(plan.actions[self.layout.rank], mbs)
-        totals = torch.tensor([record.loss, record.count], dtype=torch.float64)
+        totals = torch.tensor([record.loss, record.count], dtype=torch.float64,
+                              device=self.device)
         try:
             dist.all_reduce(totals)
         except RuntimeError as err:
             raise OmniRuntimeError(f"rank {self.layout.rank}: reducing the loss failed; a peer "
                                    f"rank has probably died ({err})") from err
-        loss_sum, count = float(totals[0]), float(totals[1])
+        loss_sum, count = (float(v) for v in totals.cpu())
         if count <= 0:
             raise OmniRuntimeError("loss: the global batch has no loss terms (count 0)")
         with torch.no_grad():

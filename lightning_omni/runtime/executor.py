@@ -45,6 +45,7 @@ class StepRecord:
     busy_seconds: float
     peak_saved_bytes: int
     timings: list[tuple[Action, float, float]] = field(default_factory=list)
+    cuda_peak_bytes: int = 0  # allocator peak on GPU (0 on CPU)
 
     @property
     def bubble_fraction(self) -> float:
@@ -116,6 +117,9 @@ class StageExecutor:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         count = torch.zeros((), dtype=torch.float64, device=self.device)
         self.meter.reset_peak()
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
         timings: list[tuple[Action, float, float]] = []
         busy = 0.0
         t_step = time.perf_counter()
@@ -152,7 +156,8 @@ class StageExecutor:
             self._wait(work, key)
         seconds = time.perf_counter() - t_step
         return StepRecord(float(loss_sum), float(count), seconds, busy, self.meter.peak,
-                          [(a, t0 - t_step, t1 - t_step) for a, t0, t1 in timings])
+                          [(a, t0 - t_step, t1 - t_step) for a, t0, t1 in timings],
+                          torch.cuda.max_memory_allocated(self.device) if cuda else 0)
 
     # -- compute --------------------------------------------------------------------------
     def _encode(self, mb: dict[str, Tensor], samples: tuple[int, ...]) -> Tensor:

@@ -59,9 +59,12 @@ def predict(plan: Schedule, timings: list[list[tuple[Action, float, float]]],
 def step_metrics(result: StepResult, layout: Layout) -> dict[str, float]:
     """Collective: call on every rank. Returns the metrics to log (meaningful on rank 0)."""
     rec = result.record
-    mine = torch.tensor([rec.seconds, rec.busy_seconds, float(rec.peak_saved_bytes)],
-                        dtype=torch.float64)
+    mine = torch.tensor([rec.seconds, rec.busy_seconds, float(rec.peak_saved_bytes),
+                         float(rec.cuda_peak_bytes)], dtype=torch.float64)
     rows = [torch.zeros_like(mine) for _ in range(layout.world_size)]
+    if dist.get_backend() == "nccl":  # NCCL collectives need device tensors
+        dev = torch.device("cuda", torch.cuda.current_device())
+        mine, rows = mine.to(dev), [r.to(dev) for r in rows]
     dist.all_gather(rows, mine)
     timings = gather_timings(result)
     step = max(float(r[0]) for r in rows)
@@ -75,6 +78,8 @@ def step_metrics(result: StepResult, layout: Layout) -> dict[str, float]:
         metrics[f"omni/bubble_fraction/stage{s}"] = max(bubbles[r] for r in ranks)
         metrics[f"omni/peak_saved_activation_mb/stage{s}"] = max(
             float(rows[r][2]) for r in ranks) / 2**20
+        if any(float(rows[r][3]) > 0 for r in ranks):
+            metrics[f"omni/cuda_peak_mb/stage{s}"] = max(float(rows[r][3]) for r in ranks) / 2**20
     metrics["omni/predicted_step_ms"] = 1e3 * predict(result.plan, timings).step_seconds
     return metrics
 
