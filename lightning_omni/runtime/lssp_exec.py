@@ -16,7 +16,7 @@ collectives; ``run_lssp_microbatch`` executes it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -204,9 +204,6 @@ class LsspResult:
     bytes_sent: int
     sp_samples: int
     sp_degrees: tuple[int, ...]
-
-
-EncoderFn = Callable[..., torch.Tensor]
 
 
 def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
