@@ -9,7 +9,10 @@ one CPU thread each (2 cores). Measured, in this order:
   Trainer.fit on RolloutDataModule(mode="sync" / "async"), median over the measured steps;
 - ``env_steps_per_s_*``: N*T / cycle; ``mean_policy_lag``: updates between the weights that
   collected a slot and the weights it updates (async);
-- ``ring_copy_ms``: time the learner spends turning a ready slot into tensors (zero-copy views).
+- ``ring_copy_ms``: time the learner spends turning a ready slot into tensors (zero-copy views);
+- ``*_sync_run`` / ``*_async_run``: collect and update times inside the two fits (the collector
+  reports its own time per rollout): in turn, and side by side. Where they grow in the async
+  run, the two processes did not get a core each (a machine shared with other work).
 
 Unless ``--epochs`` is given, the update's epochs are chosen from the measured collect and
 update times so that the two are as close as the whole numbers allow (the overlap can gain at
@@ -52,6 +55,7 @@ class CycleTimer(Callback):
         self.starts: list[float] = []
         self.updates: list[float] = []
         self.lags: list[int] = []
+        self.collect_s: list[float] = []  # the collector's own time per rollout (stats)
         self._t0 = 0.0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -60,6 +64,8 @@ class CycleTimer(Callback):
         stats = batch.get("stats", {})
         if "policy_version" in stats:
             self.lags.append(pl_module.policy_version - int(stats["policy_version"]))
+        if stats.get("env_steps_per_s", 0) > 0:
+            self.collect_s.append(batch["rewards"].numel() / stats["env_steps_per_s"])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.updates.append(time.perf_counter() - self._t0)
@@ -129,7 +135,8 @@ def measure_cycle(mode: str, n: int, t: int, epochs: int, steps: int, warmup: in
     return {"cycle_ms": 1e3 * statistics.median(gaps),
             "lag": statistics.mean(timer.lags[warmup:]) if timer.lags else float("nan"),
             "ring_copy_ms": 1e3 * dm.ring_copy_s / max(dm.slots_read, 1),
-            "update_ms_in_run": 1e3 * statistics.median(timer.updates[warmup:])}
+            "update_ms_in_run": 1e3 * statistics.median(timer.updates[warmup:]),
+            "collect_ms_in_run": 1e3 * statistics.median(timer.collect_s[warmup:])}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -165,7 +172,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "env_steps_per_s_async": n * t / (async_["cycle_ms"] / 1e3),
         "mean_policy_lag": async_["lag"], "sync_policy_lag": sync["lag"],
         "ring_copy_ms": async_["ring_copy_ms"],
-        "update_ms_in_async_run": async_["update_ms_in_run"],
+        # the same two times inside the fits: alone in turn (sync) and side by side (async);
+        # on a machine shared with other work they show how much the overlap was squeezed
+        "collect_ms_sync_run": sync["collect_ms_in_run"],
+        "update_ms_sync_run": sync["update_ms_in_run"],
+        "collect_ms_async_run": async_["collect_ms_in_run"],
+        "update_ms_async_run": async_["update_ms_in_run"],
     }
     bound = max(collect_ms, update_ms)
     balanced = abs(update_ms / collect_ms - 1) <= TARGETS["balance"]
@@ -178,6 +190,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              >= TARGETS["sync_vs_async"]) if balanced else None,
         "copy_vs_update": result["ring_copy_ms"] / update_ms,
         "copy_vs_update_ok": result["ring_copy_ms"] <= TARGETS["copy_vs_update"] * update_ms,
+        "async_vs_max_of_sync_run": result["async_cycle_ms"] / max(sync["collect_ms_in_run"],
+                                                                   sync["update_ms_in_run"]),
     }
     _print(result)
     if args.out:
@@ -199,6 +213,10 @@ def _print(r: dict[str, Any]) -> None:
         ("async_cycle_ms", f"{r['async_cycle_ms']:.1f}"),
         ("env_steps_per_s sync/async", f"{r['env_steps_per_s_sync']:.0f} / "
                                        f"{r['env_steps_per_s_async']:.0f}"),
+        ("collect/update in sync run", f"{r['collect_ms_sync_run']:.1f} / "
+                                       f"{r['update_ms_sync_run']:.1f}"),
+        ("collect/update in async run", f"{r['collect_ms_async_run']:.1f} / "
+                                        f"{r['update_ms_async_run']:.1f}"),
         ("mean_policy_lag (async)", f"{r['mean_policy_lag']:.2f}"),
         ("ring_copy_ms", f"{r['ring_copy_ms']:.3f}"),
         ("async / max(collect, update)", f"{c['async_vs_max']:.2f}  (target <= 1.15: "
