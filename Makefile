@@ -36,6 +36,7 @@ test: setup
 bench: setup
 	$(PY) benchmarks/pool_throughput.py --out build/pool_throughput.json
 	$(PY) benchmarks/omni_sim.py --out build/omni_sim.json
+	$(PY) benchmarks/omni_lssp_reorder.py --out build/omni_lssp_reorder.json
 
 lint: setup
 	$(VENV)/bin/ruff check .
