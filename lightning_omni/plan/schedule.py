@@ -281,13 +281,16 @@ def default_shares(num_stages: int, num_microbatches: int) -> list[list[float]]:
 
 
 def assign_encoder_samples(sample_costs: Sequence[Sequence[float]], num_stages: int,
+                           skip_stage0_drain: bool = True,
                            ) -> tuple[list[list[tuple[int, ...]]], list[list[float]]]:
     """Which samples' encoder work each rank of a pipeline does, and the resulting shares.
 
     ``sample_costs[m][i]`` is sample i of microbatch m's encoder cost (0: no encoder input).
-    Longest-processing-time first over the ranks; the last ``num_stages`` microbatches skip
-    stage 0 (see ``default_shares``). Returns ``(samples, shares)`` for ``uniform_insertion``;
-    a microbatch without encoder work gets empty sample tuples and zero shares.
+    Longest-processing-time first over the ranks; with ``skip_stage0_drain`` the last
+    ``num_stages`` microbatches skip stage 0 (see ``default_shares``; with
+    ``uniform_insertion(inline_stage0=True)`` stage 0 need not skip them). Returns
+    ``(samples, shares)`` for ``uniform_insertion``; a microbatch without encoder work gets
+    empty sample tuples and zero shares.
     """
     _require(isinstance(num_stages, int) and num_stages >= 1, "num_stages", "an int >= 1",
              num_stages)
@@ -297,7 +300,8 @@ def assign_encoder_samples(sample_costs: Sequence[Sequence[float]], num_stages: 
     for m, costs in enumerate(sample_costs):
         _require(all(c >= 0 for c in costs), f"sample_costs[{m}]", "non-negative costs",
                  list(costs))
-        ranks = list(range(1, p)) if p > 1 and m >= n - p else list(range(p))
+        skip = skip_stage0_drain and p > 1 and m >= n - p
+        ranks = list(range(1, p)) if skip else list(range(p))
         load = dict.fromkeys(ranks, 0.0)
         picked: dict[int, list[int]] = {r: [] for r in ranks}
         for i in sorted((i for i, c in enumerate(costs) if c > 0), key=lambda i: (-costs[i], i)):

@@ -40,7 +40,10 @@ def build_plan(schedule: str, pipeline: int, costs: tuple) -> Schedule:
     for rep_costs in costs:
         n = len(rep_costs)
         if schedule == "uniform_insertion":
-            samples, shares = assign_encoder_samples(rep_costs, pipeline)
+            # stage 0 runs its share inline (no run-ahead), so it keeps its share of the
+            # drain microbatches too (fewer encoder backwards left after the last B)
+            samples, shares = assign_encoder_samples(rep_costs, pipeline,
+                                                     skip_stage0_drain=False)
             reps.append(uniform_insertion(pipeline, n, shares, samples=samples,
                                           inline_stage0=True))
         else:

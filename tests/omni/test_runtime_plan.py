@@ -201,3 +201,14 @@ def test_inline_stage0_closed_form_two_stages():
     assert ahead.peak_memory_bytes[0] == 4.0
     assert inline.peak_memory_bytes[0] == 3.0
     assert first.step_seconds == 49.0 and inline.step_seconds == 39.0
+
+
+def test_inline_stage0_without_skipping_the_drain_closed_form():
+    # same prices; stage 0 keeps half of every microbatch: every stage costs F + B + (E_f + E_b)/2
+    # = 4.5 per microbatch, 8 * 4.5 = 36, plus the 1F1B fill and drain of one stage (1.5)
+    samples, shares = assign_encoder_samples([[1.0] * 4] * 8, 2, skip_stage0_drain=False)
+    assert all(len(row[0]) == 2 and len(row[1]) == 2 for row in samples)
+    costs = uniform_costs(1, 2, 1, 2, activation_bytes=1, encoder_activation_bytes=1)
+    res = simulate(uniform_insertion(2, 8, shares, samples=samples, inline_stage0=True), costs)
+    assert res.step_seconds == 37.5 and res.rank_end_seconds == (37.5, 37.5)
+    assert res.peak_memory_bytes[0] == 3.0

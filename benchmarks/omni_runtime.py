@@ -1,0 +1,319 @@
+"""Measured pipelined steps: encoder on stage 0 (Megatron-like) vs uniform insertion (Omni).
+
+Two gloo processes with one thread each run a 2-stage pipeline of the same model, data and
+microbatches under both schedules; the encoder's work per microbatch is about one LLM stage's.
+For each schedule: the measured step time, stage 0's peak saved activations, the measured
+bubble fraction, and the step the simulator predicts for the same plan priced with this run's
+per-action timings (median over the measured steps).
+
+    python benchmarks/omni_runtime.py [--quick] [--out FILE.json] [--plot FILE.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from lightning_omni.plan.schedule import COMPUTE_KINDS, Kind
+from lightning_omni.plan.simulate import simulate
+from lightning_omni.runtime import OmniEngine, make_layout
+from lightning_omni.runtime.metrics import measured_costs
+from lightning_omni.spec import Modality, OmniSpec
+
+SCHEDULES = ("encoder_first_stage", "uniform_insertion")
+HIDDEN, HEADS, SEQ, VOCAB = 192, 4, 128, 64  # a light head: the two stages weigh the same
+IMG_IN, IMG_TOKENS = 48, 96  # image rows per sample (placeholders in the sequence)
+LLM_BLOCKS, ENC_LAYERS = 4, 3  # 2 blocks per stage; 3 encoder layers on 96 rows ~ 2 on 128
+MICRO, NUM_MB = 4, 8  # samples per microbatch, microbatches per step
+IMG_ID = 1
+
+
+class Block(nn.Module):
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+        self.ln1, self.ln2 = nn.LayerNorm(HIDDEN), nn.LayerNorm(HIDDEN)
+        self.qkv, self.out = nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+        self.mlp = nn.Sequential(nn.Linear(HIDDEN, 4 * HIDDEN), nn.GELU(),
+                                 nn.Linear(4 * HIDDEN, HIDDEN))
+
+    def forward(self, h: Tensor, mask: Tensor | None = None) -> Tensor:
+        b, t, d = h.shape
+        q, k, v = self.qkv(self.ln1(h)).view(b, t, 3, HEADS, d // HEADS).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), attn_mask=mask,
+                                           is_causal=self.causal and mask is None)
+        h = h + self.out(a.transpose(1, 2).reshape(b, t, d))
+        return h + self.mlp(self.ln2(h))
+
+
+class ImageEncoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(IMG_IN, HIDDEN)
+        self.layers = nn.ModuleList(Block(causal=False) for _ in range(ENC_LAYERS))
+
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+        keep = torch.arange(x.shape[1]) < lengths.unsqueeze(1)
+        mask = keep[:, None, None, :]
+        h = self.inp(x)
+        for layer in self.layers:
+            h = layer(h, mask)
+        return h
+
+
+class Embedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, HIDDEN)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.tok(tokens)
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln, self.out = nn.LayerNorm(HIDDEN), nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.out(self.ln(h))
+
+
+def loss_terms(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    labels = batch["labels"]
+    total = F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100,
+                            reduction="sum")
+    return total, (labels != -100).sum()
+
+
+def make_spec() -> OmniSpec:
+    torch.manual_seed(0)
+    enc = ImageEncoder()
+    return OmniSpec([Modality("image", enc, "image", "image_len", IMG_ID)], Embedding(),
+                    [Block(causal=True) for _ in range(LLM_BLOCKS)], Head(), loss_terms)
+
+
+def make_batch(seed: int) -> dict[str, Tensor]:
+    """Every sample has an image of IMG_TOKENS rows, then text."""
+    g = torch.Generator().manual_seed(seed)
+    b = MICRO * NUM_MB
+    tokens = torch.randint(2, VOCAB, (b, SEQ), generator=g)
+    tokens[:, :IMG_TOKENS] = IMG_ID
+    labels = torch.full((b, SEQ), -100)
+    labels[:, IMG_TOKENS:-1] = tokens[:, IMG_TOKENS + 1:]
+    return {"tokens": tokens, "labels": labels,
+            "image": torch.randn(b, IMG_TOKENS, IMG_IN, generator=g),
+            "image_len": torch.full((b,), IMG_TOKENS)}
+
+
+def _probe(reps: int = 30) -> float:
+    """Seconds for a fixed amount of one LLM block's forward work."""
+    torch.manual_seed(0)
+    block, x = Block(causal=True), torch.randn(MICRO, SEQ, HIDDEN)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(reps):
+            block(x)
+    return time.perf_counter() - t0
+
+
+def _parallel_slowdown() -> float:
+    """How much slower the same work runs when both ranks compute at once than alone: uniform
+    insertion turns one rank's idle time into work, which pays only if its core is free."""
+    alone = []
+    for turn in range(2):
+        dist.barrier()
+        if dist.get_rank() == turn:
+            alone.append(_probe())
+        dist.barrier()
+    dist.barrier()
+    together = _probe()
+    mine = torch.tensor([together / alone[0]])
+    dist.all_reduce(mine)
+    return float(mine) / 2
+
+
+def _worker(rank: int, port: int, warmup: int, steps: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=300))
+    result: dict = {"slowdown_before": _parallel_slowdown()}
+    for schedule in SCHEDULES:
+        spec = make_spec()
+        layout = make_layout(2, rank, 2, 1, spec.costs_of_blocks())
+        engine = OmniEngine(spec, layout, schedule, NUM_MB, timedelta(seconds=300),
+                            torch.device("cpu"))
+        opt = torch.optim.SGD([p for m in (spec.embedding, spec.head, *spec.blocks,
+                                           spec.modalities[0].encoder) for p in m.parameters()],
+                              lr=1e-3)
+        times, timings, peaks, busy = [], [], [], []
+        for i in range(warmup + steps):
+            batch = make_batch(i)
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            res = engine.step(batch)
+            opt.step()
+            dt = torch.tensor([time.perf_counter() - t0])
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            if i >= warmup:
+                times.append(float(dt))
+                gathered = [None, None]
+                dist.all_gather_object(gathered, res.record.timings)
+                timings.append(gathered)
+                peaks.append(res.record.peak_saved_bytes)
+                busy.append(res.record.busy_seconds)
+        result[schedule] = {"times": times, "timings": timings, "peak": max(peaks),
+                            "busy": busy, "plan": res.plan}
+    result["slowdown_after"] = _parallel_slowdown()
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _median_timings(per_step: list) -> list:
+    """Per rank and action position: the median (start, end) over steps, as one timing list
+    (positions are the same every step: the data and hence the plan do not change)."""
+    ranks = len(per_step[0])
+    out = []
+    for r in range(ranks):
+        rows = []
+        for j, (a, _, _) in enumerate(per_step[0][r]):
+            durations = [step[r][j][2] - step[r][j][1] for step in per_step]
+            rows.append((a, 0.0, statistics.median(durations)))
+        out.append(rows)
+    return out
+
+
+def run(quick: bool) -> tuple[dict, dict]:
+    warmup, steps = (1, 3) if quick else (2, 8)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.start_processes(_worker, args=(port, warmup, steps, out_dir), nprocs=2,
+                           start_method="spawn")
+        r0 = torch.load(Path(out_dir) / "rank0.pt", weights_only=False)
+        r1 = torch.load(Path(out_dir) / "rank1.pt", weights_only=False)
+    summary, detail = {}, {}
+    for schedule in SCHEDULES:
+        step = statistics.median(r0[schedule]["times"])
+        timings = _median_timings(r0[schedule]["timings"])
+        plan = r0[schedule]["plan"]
+        sim = simulate(plan, measured_costs(plan, timings), record_timeline=True)
+        busy = [statistics.median(r[schedule]["busy"]) for r in (r0, r1)]
+        summary[f"step_ms_{schedule}"] = 1e3 * step
+        summary[f"stage0_activation_mb_{schedule}"] = r0[schedule]["peak"] / 2**20
+        summary[f"stage1_activation_mb_{schedule}"] = r1[schedule]["peak"] / 2**20
+        summary[f"bubble_fraction_{schedule}"] = 1.0 - sum(busy) / (2 * step)
+        summary[f"predicted_step_ms_{schedule}"] = 1e3 * sim.step_seconds
+        summary[f"prediction_error_{schedule}"] = sim.step_seconds / step - 1.0
+        enc = sum(t1 - t0 for rows in timings for a, t0, t1 in rows
+                  if a.kind in (Kind.ENC_FWD, Kind.ENC_BWD))
+        llm = sum(t1 - t0 for rows in timings for a, t0, t1 in rows
+                  if a.kind in (Kind.LLM_FWD, Kind.LLM_BWD))
+        summary[f"encoder_to_stage_work_{schedule}"] = enc / (llm / 2)
+        detail[schedule] = {"measured": r0[schedule]["timings"][-1], "simulated": sim}
+    summary["speedup"] = (summary["step_ms_encoder_first_stage"]
+                          / summary["step_ms_uniform_insertion"])
+    summary["stage0_memory_ratio"] = (summary["stage0_activation_mb_encoder_first_stage"]
+                                      / summary["stage0_activation_mb_uniform_insertion"])
+    summary["steps_measured"] = steps
+    # 1.0: two processes compute as fast as one (two free cores); 2.0: they share one
+    summary["cpu_parallel_slowdown"] = (r0["slowdown_before"] + r0["slowdown_after"]) / 2
+    return summary, detail
+
+
+def plot(detail: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {Kind.LLM_FWD: "#4c72b0", Kind.LLM_BWD: "#8fb0de", Kind.ENC_FWD: "#dd8452",
+              Kind.ENC_BWD: "#f2b58c"}
+    fig, axes = plt.subplots(2, 2, figsize=(12, 4.2), sharex=True)
+    end = 0.0
+    for col, schedule in enumerate(SCHEDULES):
+        measured = detail[schedule]["measured"]
+        sim = detail[schedule]["simulated"]
+        rows = {"measured": [[(t0, t1, a.kind) for a, t0, t1 in measured[r]
+                              if a.kind in COMPUTE_KINDS] for r in range(2)],
+                "simulated": [[(iv.start, iv.end, iv.kind) for iv in sim.timeline[r]
+                               if iv.kind in COMPUTE_KINDS] for r in range(2)]}
+        for row, name in enumerate(("measured", "simulated")):
+            ax = axes[row][col]
+            for r in range(2):
+                for t0, t1, kind in rows[name][r]:
+                    ax.barh(r, 1e3 * (t1 - t0), left=1e3 * t0, color=colors[kind],
+                            edgecolor="white", linewidth=0.3)
+                    end = max(end, 1e3 * t1)
+            ax.set_yticks([0, 1], ["stage 0", "stage 1"])
+            ax.invert_yaxis()
+            ax.set_title(f"{schedule}: {name}", fontsize=9)
+    for ax in axes[1]:
+        ax.set_xlabel("ms")
+    for ax in axes.flat:
+        ax.set_xlim(0, end * 1.02)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    fig.legend(handles, [str(k) for k in colors], loc="lower center", ncol=4, fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+
+
+TARGETS = {"speedup": 1.2, "stage0_memory_ratio": 1.25, "prediction_error": 0.15}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer measured steps (~1 min)")
+    ap.add_argument("--out", help="write the numbers as JSON")
+    ap.add_argument("--plot", help="write measured vs simulated timelines (PNG)")
+    args = ap.parse_args(argv)
+    summary, detail = run(args.quick)
+    print(f"{'schedule':22s} {'step ms':>9s} {'pred ms':>9s} {'err':>7s} {'bubble':>7s} "
+          f"{'st0 act MB':>10s} {'st1 act MB':>10s} {'enc/stage':>9s}")
+    for s in SCHEDULES:
+        print(f"{s:22s} {summary[f'step_ms_{s}']:9.1f} {summary[f'predicted_step_ms_{s}']:9.1f} "
+              f"{summary[f'prediction_error_{s}']:+7.1%} {summary[f'bubble_fraction_{s}']:7.2f} "
+              f"{summary[f'stage0_activation_mb_{s}']:10.1f} "
+              f"{summary[f'stage1_activation_mb_{s}']:10.1f} "
+              f"{summary[f'encoder_to_stage_work_{s}']:9.2f}")
+    print(f"two ranks computing at once run {summary['cpu_parallel_slowdown']:.2f}x slower than "
+          "one alone (1.00 = two free cores)")
+    worst = max(abs(summary[f"prediction_error_{s}"]) for s in SCHEDULES)
+    checks = [("uniform insertion speedup", summary["speedup"], TARGETS["speedup"], ">="),
+              ("stage-0 activation memory ratio", summary["stage0_memory_ratio"],
+               TARGETS["stage0_memory_ratio"], ">="),
+              ("worst |prediction error|", worst, TARGETS["prediction_error"], "<=")]
+    for name, value, target, op in checks:
+        ok = value >= target if op == ">=" else value <= target
+        print(f"{name:34s} {value:6.3f} (target {op} {target}) {'OK' if ok else 'MISSED'}")
+    summary["bubble_fraction"] = {s: summary[f"bubble_fraction_{s}"] for s in SCHEDULES}
+    summary["predicted_step_ms"] = {s: summary[f"predicted_step_ms_{s}"] for s in SCHEDULES}
+    summary["command"] = " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])])
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        Path(args.out).write_text(json.dumps(summary, indent=2))
+    if args.plot:
+        plot(detail, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
