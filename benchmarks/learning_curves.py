@@ -379,6 +379,44 @@ def plot(task: str, runs: list[dict[str, Any]], out_dir: Path, threshold: float 
     return [str(path)]
 
 
+RUN_TAGS = ("rollout/episode_length", "rollout/return", "learner/policy_lag", "learner/lr")
+
+
+def plot_run(log_dir: str, path: Path) -> dict[str, list[list[float]]]:
+    """Curves of one recipe run from its TensorBoard log (``--plot-run``): episode length,
+    return, policy lag and learning rate against wall time; returns the series plotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    have = set(acc.Tags()["scalars"])
+    series = {}
+    for tag in RUN_TAGS:
+        if tag in have:
+            events = acc.Scalars(tag)
+            start = events[0].wall_time
+            series[tag] = [[round(e.wall_time - start, 2), float(e.value)] for e in events]
+    fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.2), squeeze=False)
+    for ax, (tag, points) in zip(axes[0], series.items(), strict=True):
+        xs, ys = zip(*points, strict=True)
+        ax.plot(xs, ys)
+        ax.set_title(tag, fontsize=9)
+        ax.set_xlabel("wall time (s)")
+        if tag == "learner/lr":
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    fig.suptitle(log_dir, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return series
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="HalfCheetah-v5")
@@ -394,8 +432,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="end a run when it reaches the threshold (saves time; curves stop)")
     parser.add_argument("--quick", action="store_true",
                         help="a seconds-long smoke run: budget 8 s, 1 seed, no plot")
+    parser.add_argument("--plot-run", metavar="LOG_DIR",
+                        help="plot a recipe run's TensorBoard curves into --out (a PNG) and stop")
     parser.add_argument("--worker", nargs=2, metavar=("ALGO", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.plot_run:
+        series = plot_run(args.plot_run, Path(args.out))
+        for tag, points in series.items():
+            print(f"{tag}: {len(points)} points, first {points[0][1]:.4g}, last "
+                  f"{points[-1][1]:.4g} at {points[-1][0]:.0f} s")
+        return 0
     if args.quick:
         args.budget_s, args.seeds, args.no_plot = min(args.budget_s, 8.0), 1, True
     if args.budget_s <= 0:
