@@ -157,14 +157,25 @@ def _main(config: CollectorConfig, ring_handle: RingHandle, board_handle: BoardH
                 obj.close()
 
 
+_FORKSERVER_OWNER: list[int] = []  # pid of the process that uses (and started) the forkserver
+
+
 def _context() -> Any:
     """forkserver where available: a clean interpreter (no forked torch/OpenMP state) like spawn,
-    but the imports are paid once per learner process, not once per collector start."""
+    but the imports are paid once per learner process, not once per collector start.
+
+    A process forked from one that started a forkserver cannot use it (Python's forkserver
+    client waits on a pid that is not its child): such a process (Lightning's ``ddp_fork``, a
+    fork in a notebook) spawns its collectors instead.
+    """
     if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["lightning_unilab.collector"])
-        return ctx
-    return mp.get_context("spawn")  # pragma: no cover - not POSIX
+        if not _FORKSERVER_OWNER:
+            _FORKSERVER_OWNER.append(os.getpid())
+        if _FORKSERVER_OWNER[0] == os.getpid():
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["lightning_unilab.collector"])
+            return ctx
+    return mp.get_context("spawn")
 
 
 def _stop(proc: Any, ring: Ring, board: WeightBoard, timeout: float) -> None:

@@ -141,3 +141,24 @@ def test_sigkilled_learner_leaves_no_process_and_no_shared_memory(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _collect_one() -> None:
+    collector = Collector(CollectorConfig(TASK, 8, 8), _policy())
+    try:
+        collector.start()
+        slot, _ = collector.acquire(timeout=60)
+        collector.release(slot)
+    finally:
+        collector.stop()
+
+
+def test_a_forked_learner_still_starts_collectors():
+    """Lightning's ddp_fork: a child of a process whose forkserver is running."""
+    import multiprocessing as mp
+
+    _collect_one()  # this process now runs a forkserver
+    child = mp.get_context("fork").Process(target=_collect_one)
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
