@@ -211,6 +211,9 @@ int BatchEnvPool::SetConst(const int* ids, int nid, const std::vector<std::strin
   std::lock_guard<std::mutex> lock(mutex_);
   mjBatch* b = batch_.get();
   const mjModel* m = model();
+  // one thread, or one env: nothing to spread, and mjb_setConst runs only the groups of
+  // constants that its changed inputs affect, which is cheaper than a whole mj_setConst
+  if (num_threads() == 1 || (ids && nid < 2)) return mjb_setConst(b, ids, nid);
   if (!scratch_.empty() && outputs != scratch_outputs_) scratch_.clear();
   scratch_outputs_ = outputs;
 

@@ -513,8 +513,9 @@ def test_unclear_inputs_get_clear_errors(arm_model):
             call()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("xml", [ARM_XML, MESH_XML], ids=["arm", "mesh"])
-def test_parallel_set_const_equals_batch(xml):
+def test_parallel_set_const_equals_batch(xml, threads):
     """The pool's mj_setConst runs on its threads; every derived constant equals what
     mujoco.batch.Batch.set_const computes, env by env, and the others keep theirs."""
     model = mujoco.MjModel.from_xml_string(xml)
@@ -524,7 +525,7 @@ def test_parallel_set_const_equals_batch(xml):
             "geom_size": model.geom_size * rng.uniform(0.8, 1.2, (3, model.ngeom, 1)),
             "dof_armature": model.dof_armature + rng.uniform(0, 0.01, (3, model.nv)),
             "opt.gravity": [[0, 0, -9.0], [0, 0, -10.0], [0.1, 0, -9.8]]}
-    pool = BatchEnvPool(model, n, 2)
+    pool = BatchEnvPool(model, n, threads)
     pool.reset(ids, randomization=rand)
     batch = mjbatch.Batch(model, n, 1)
     for name, values in rand.items():
