@@ -135,7 +135,8 @@ def measure(quick: bool) -> dict:
     # CleanRL: gymnasium vector API with its wrapper stack
     with _quiet_stdout():
         gym_envs = cleanrl_stack(gym.make_vec(TASK, NUM_ENVS, vectorization_mode="sync"))
-    pool_envs = cleanrl_stack(PoolVectorEnv(TASK, NUM_ENVS, threads))
+    with _quiet_stdout():  # the XML's deprecated attribute: MuJoCo warns at every load
+        pool_envs = cleanrl_stack(PoolVectorEnv(TASK, NUM_ENVS, threads))
     gym_envs.reset(seed=0)
     pool_envs.reset(seed=0)
     rates = interleaved({"gymnasium_sync": lambda: steps_per_s(gym_envs.step, actions),
@@ -146,7 +147,8 @@ def measure(quick: bool) -> dict:
     # SB3: DummyVecEnv of gymnasium envs (make_vec_env) against SB3VecEnv
     with _quiet_stdout():
         dummy = make_vec_env(TASK, NUM_ENVS, seed=0)
-    ours = SB3VecEnv(TASK, NUM_ENVS, threads)
+    with _quiet_stdout():
+        ours = SB3VecEnv(TASK, NUM_ENVS, threads)
     dummy.reset()
     ours.reset()
     rates = interleaved({"dummy_vec_env": lambda: steps_per_s(dummy.step, actions),
@@ -170,7 +172,7 @@ def measure(quick: bool) -> dict:
 
     with _quiet_stdout():
         base = GymRslRlVecEnv(NUM_ENVS)
-    rsl = RslRlVecEnv(TASK, NUM_ENVS, threads)
+        rsl = RslRlVecEnv(TASK, NUM_ENVS, threads)
     torch_actions = [torch.as_tensor(a) for a in actions]
     rates = interleaved({"gymnasium_sync": lambda: steps_per_s(base.step, torch_actions),
                          "pool": lambda: steps_per_s(rsl.step, torch_actions)}, rounds)
