@@ -14,9 +14,9 @@ algorithm builds its envs, processes and networks, so start-up costs count.
 - ``sb3_ppo``: Stable-Baselines3 PPO on gymnasium's own env (``make_vec_env``: DummyVecEnv over
   ``gymnasium.make(task)``, the way SB3 and rl-zoo run MuJoCo tasks), with rl-zoo's HalfCheetah
   hyperparameters (``SB3_ZOO`` below, including VecNormalize) for HalfCheetah, SB3 defaults
-  elsewhere; torch on 2 threads.
+  elsewhere; torch on 1 thread.
 - ``rsl_rl_ppo``: rsl-rl-lib 5.x ``OnPolicyRunner`` PPO over our TaskVectorEnv through
-  ``lightning_unilab.integrations.RslRlVecEnv`` (env pool on 2 threads, torch on 2 threads),
+  ``lightning_unilab.integrations.RslRlVecEnv`` (env pool on 2 threads, torch on 1 thread),
   with the recipe's N x T, epochs, minibatches, network, lr schedule and coefficients.
 
 The curve's return at each point is the mean undiscounted return of the latest completed
@@ -169,7 +169,8 @@ def run_sb3(task: str, seed: int, budget_s: float, curve: Curve,
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
-    torch.set_num_threads(2)
+    # one thread: minibatches of 64 gain nothing from two, and two spin on a shared machine
+    torch.set_num_threads(1)
     curve.restart()
     hp = json.loads(json.dumps(SB3_ZOO.get(task, {})))
     normalize = hp.pop("normalize", False)
@@ -205,7 +206,7 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
 
     from lightning_unilab.integrations.rsl_rl import RslRlVecEnv
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # the pool steps on 2 threads; updates take turns with it
     curve.restart()
     torch.manual_seed(seed)
     m, d = recipe["model"], recipe["data"]
