@@ -580,12 +580,16 @@ class BatchEnvPool:
             )
 
     def _check_position_actuators(self) -> None:
+        # the pool's own model never changes: decide once (this runs on every randomized reset)
+        if getattr(self, "_servos_ok", False):
+            return
         m = self._model
         fixed = self._base("actuator_gaintype") == mujoco.mjtGain.mjGAIN_FIXED
         affine = self._base("actuator_biastype") == mujoco.mjtBias.mjBIAS_AFFINE
         servo = np.isclose(self._base("actuator_biasprm")[:, 1],
                            -self._base("actuator_gainprm")[:, 0])
         bad = np.flatnonzero(~(fixed & affine & servo))
+        self._servos_ok = not bad.size
         if bad.size:
             name = m.actuator(int(bad[0])).name or f"#{bad[0]}"
             raise ValueError(
