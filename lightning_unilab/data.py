@@ -14,15 +14,15 @@ CPU copy of ``trainer.lightning_module.policy``; ``teardown`` stops it and remov
 memory; so does ``on_exception`` (also KeyboardInterrupt), and a finalizer at interpreter exit.
 Under DDP every rank runs its own collector and ring with seed ``seed + global_rank``.
 
-Zero copy and Lightning's prefetch: Lightning asks for batch i+1 before it runs training_step(i),
-so a slot is released only when batch i+2 is requested (two slots held at most; ``num_slots``
-must leave the writer at least one more). ``zero_copy=False`` copies each slot into private
-tensors and releases it at once (cost in ``ring_copy_ms``).
-
-Synchronous mode: the collector waits for the weights of the update on its previous rollout, so
-batch i+1 cannot exist before training_step(i) ran. The stream then yields a placeholder mapping
-that fetches its slot on first access (when Lightning moves batch i to the device, after step
-i-1): prefetching cannot deadlock and both modes share the same code.
+Zero copy and Lightning's prefetch: Lightning asks for batch i+1 before it runs
+training_step(i). The stream therefore yields a placeholder mapping that takes its slot on first
+access, when Lightning moves batch i+1 to the device, after training_step(i) has finished and
+published its weights. So the learner holds one slot at a time (the previous one is released
+then), the slot is taken one update later than at prefetch time (one update less policy lag),
+and in sync mode, where batch i+1 cannot exist before
+training_step(i) has published, prefetching cannot deadlock: both modes share this code.
+``zero_copy=False`` copies each slot into private tensors and releases it at once (cost in
+``ring_copy_ms``).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class RolloutDataModule(pl.LightningDataModule):
         task: task name (``lightning_unilab.tasks.task_names()``).
         num_envs, horizon: N envs x T steps per rollout.
         task_kwargs: further TaskVectorEnv keywords (``params``, ``nonfinite``, ...).
-        num_slots: ring slots (>= 3 with zero_copy: two may be held by the learner).
+        num_slots: ring slots (>= 2: one read while one is written).
         writer_policy: "block" (default) or "overwrite_oldest".
         mode: "async" (APPO) or "sync" (the collector waits for the latest weights: PPO).
         collector_threads: CPU threads of the collector (env pool and actor).
@@ -134,9 +134,9 @@ class RolloutDataModule(pl.LightningDataModule):
 
         if task not in tasks.task_names():
             raise ValueError(f"task: expected one of {tasks.task_names()}, got {task!r}")
-        if zero_copy and num_slots < 3:
-            raise ValueError(f"num_slots: zero_copy holds two slots while Lightning prefetches; "
-                             f"expected >= 3, got {num_slots} (or set zero_copy=False)")
+        if not isinstance(num_slots, int) or num_slots < 2:
+            raise ValueError(f"num_slots: expected an int >= 2 (one slot read while one is "
+                             f"written), got {num_slots!r}")
         self.num_slots, self.writer_policy = num_slots, writer_policy
         self.zero_copy = zero_copy
         self.start_timeout = start_timeout
@@ -229,12 +229,9 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def _stream(self) -> Iterator[Mapping[str, Any]]:
         held: deque[int] = deque()
-        sync = self.config.mode == "sync"
         while True:
-            if sync:  # fetched when Lightning first touches it, after the previous step
-                yield _DeferredBatch(fetch=lambda: self._next(held, hold=0))
-            else:  # fetched now, while the previous batch may still be in training_step
-                yield self._next(held, hold=1)
+            # taken when Lightning first touches it: after the previous training step
+            yield _DeferredBatch(fetch=lambda: self._next(held, hold=0))
 
     def _next(self, held: deque[int], hold: int) -> dict[str, Any]:
         collector = self.collector

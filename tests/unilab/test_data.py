@@ -139,7 +139,7 @@ def test_errors_stop_the_collector(tmp_path):
         (dict(horizon=0), "horizon"),
         (dict(collector_threads=1024), "collector threads"),
         (dict(task="NoSuchTask-v0"), "task"),
-        (dict(num_slots=2), "num_slots"),
+        (dict(num_slots=1), "num_slots"),
         (dict(mode="lockstep"), "mode"),
     ],
 )
