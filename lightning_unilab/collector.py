@@ -116,6 +116,7 @@ def _main(config: CollectorConfig, ring_handle: RingHandle, board_handle: BoardH
 
     try:
         torch.set_num_threads(config.threads)
+        torch.manual_seed(config.seed)  # action sampling: a fixed seed gives a repeatable run
         ring = Ring.attach(ring_handle)
         board = WeightBoard.attach(board_handle)
         policy = pickle.loads(policy_bytes)

@@ -162,3 +162,23 @@ def test_a_forked_learner_still_starts_collectors():
     child.start()
     child.join(120)
     assert child.exitcode == 0
+
+
+def test_a_seed_gives_the_same_rollouts():
+    """Two sync runs of one seed write the same data; another seed writes other data."""
+
+    def first_actions(seed: int) -> torch.Tensor:
+        torch.manual_seed(0)
+        collector = Collector(CollectorConfig(TASK, num_envs=4, horizon=8, mode="sync", seed=seed),
+                              _policy(), num_slots=2)
+        try:
+            collector.start()
+            slot, _ = collector.acquire(timeout=30)
+            actions = as_tensors(collector.ring.arrays(slot))["actions"].clone()
+            collector.release(slot)
+            return actions
+        finally:
+            collector.stop()
+
+    assert torch.equal(first_actions(3), first_actions(3))
+    assert not torch.equal(first_actions(3), first_actions(4))
