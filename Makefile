@@ -37,6 +37,9 @@ bench: setup
 	$(PY) benchmarks/pool_throughput.py --out build/pool_throughput.json
 	$(PY) benchmarks/omni_sim.py --out build/omni_sim.json
 	$(PY) benchmarks/omni_lssp_reorder.py --out build/omni_lssp_reorder.json
+	$(PY) benchmarks/omni_runtime.py --out build/omni_runtime.json
+	$(PY) benchmarks/rl_cycle.py --out build/rl_cycle.json
+	$(PY) benchmarks/integrations_speed.py --out build/integrations_speed.json
 
 lint: setup
 	$(VENV)/bin/ruff check .
