@@ -9,23 +9,13 @@ import time
 
 import pytest
 import torch
+from shm_probe import our_blocks as _shm
 
 from lightning_unilab.collector import Collector, CollectorConfig, CollectorError
 from lightning_unilab.policy import ActorCritic
 from lightning_unilab.rollout import RolloutSpec, as_tensors
 
 TASK = "InvertedPendulum-v5"
-
-
-def _shm(orphans: bool = False) -> set[str]:
-    """Our blocks made by this process, or (orphans) by processes that are gone.
-
-    Other runs on the machine may hold blocks of their own meanwhile: they are not counted.
-    """
-    names = {n for n in os.listdir("/dev/shm") if n.startswith("omnilab_")}
-    if orphans:
-        return {n for n in names if not os.path.exists(f"/proc/{n.split('_')[2]}")}
-    return {n for n in names if n.split("_")[2] == str(os.getpid())}
 
 
 def _policy() -> ActorCritic:
