@@ -208,17 +208,7 @@ class Ring:
     def acquire_write(self, timeout: float | None = None,
                       alive: Callable[[], None] | None = None) -> int | None:
         """A slot in WRITING state for the caller, or None on timeout or :meth:`shut`."""
-        got: list[int] = []
-
-        def ready() -> bool:
-            slot = self._try_write()
-            if slot is not None:
-                got.append(slot)
-            return slot is not None
-
-        if wait_until(ready, timeout, alive, lambda: self.closed):
-            return got[0]
-        return None
+        return self._acquire(self._try_write, timeout, alive)
 
     def commit(self, slot: int, seq: int = 0, policy_version: int = 0,
                env_steps: int = 0) -> None:
@@ -251,10 +241,15 @@ class Ring:
     def acquire_read(self, timeout: float | None = None,
                      alive: Callable[[], None] | None = None) -> int | None:
         """The oldest READY slot, now READING, or None on timeout or :meth:`shut`."""
+        return self._acquire(self._try_read, timeout, alive)
+
+    def _acquire(self, attempt: Callable[[], int | None], timeout: float | None,
+                 alive: Callable[[], None] | None) -> int | None:
+        """Poll ``attempt`` until it takes a slot; None on timeout or :meth:`shut`."""
         got: list[int] = []
 
         def ready() -> bool:
-            slot = self._try_read()
+            slot = attempt()
             if slot is not None:
                 got.append(slot)
             return slot is not None
