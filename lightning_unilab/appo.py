@@ -33,6 +33,7 @@ from lightning_unilab.losses import (
     clipped_value_loss,
     gaussian_entropy,
     gaussian_kl,
+    off_policy_weights,
     policy_ratio,
     ppo_surrogate,
 )
@@ -105,8 +106,9 @@ class APPOModule(pl.LightningModule):
         policy: a ready :class:`ActorCritic` to train instead of building one.
         gamma: discount. gae_lambda: the lambda of V-trace (GAE when on-policy).
         rho_bar, c_bar: V-trace clips of the IS weights in the TD errors and the traces.
-        clip_ratio: PPO clip epsilon. ratio_form: "behaviour" (pi / mu) or "impact"
-            (pi / max(mu, pi_target)).
+        clip_ratio: PPO clip epsilon. ratio_form: "decoupled" (pi / pi_prox clipped, weighted by
+            min(rho_bar, pi_prox / mu); pi_prox: the pre-update or target policy), "behaviour"
+            (pi / mu) or "impact" (pi / max(mu, pi_target)). All three equal PPO on-policy.
         value_clip: clip of the value change in the value loss (None: plain MSE).
         value_loss_coef, entropy_coef: weights of the value loss and entropy bonus.
         lr: Adam learning rate (the start value when adaptive). adaptive_lr: rsl_rl-style
@@ -137,7 +139,7 @@ class APPOModule(pl.LightningModule):
         rho_bar: float = 1.0,
         c_bar: float = 1.0,
         clip_ratio: float = 0.2,
-        ratio_form: str = "behaviour",
+        ratio_form: str = "decoupled",
         value_clip: float | None = 0.2,
         value_loss_coef: float = 1.0,
         entropy_coef: float = 0.01,
@@ -320,7 +322,9 @@ class APPOModule(pl.LightningModule):
         logp = dist.log_prob(actions).sum(-1)
         ratio = policy_ratio(logp, pick(slot.behaviour_logp), pick(slot.target_logp),
                              hp.ratio_form)
-        pg_loss, clip_frac = ppo_surrogate(ratio, pick(slot.advantages), hp.clip_ratio)
+        weights = (off_policy_weights(pick(slot.target_logp), pick(slot.behaviour_logp),
+                                      hp.rho_bar) if hp.ratio_form == "decoupled" else None)
+        pg_loss, clip_frac = ppo_surrogate(ratio, pick(slot.advantages), hp.clip_ratio, weights)
         values = policy.value(pick(slot.critic_obs))
         v_loss = clipped_value_loss(values, pick(slot.old_values), pick(slot.returns),
                                     hp.value_clip)

@@ -15,37 +15,60 @@ __all__ = [
     "clipped_value_loss",
     "gaussian_entropy",
     "gaussian_kl",
+    "off_policy_weights",
     "policy_ratio",
     "ppo_surrogate",
 ]
 
 # "behaviour": pi / mu (APPO as in sample-factory); "impact": pi / max(mu, pi_target), the
-# IMPACT-style ratio used by UniLab: never larger than the ratio to either policy.
-RATIO_FORMS = ("behaviour", "impact")
+# IMPACT-style ratio used by UniLab: never larger than the ratio to either policy;
+# "decoupled": pi / pi_prox, clipped around the pre-update (proximal) policy, with the
+# off-policy correction pi_prox / mu moved into a per-sample weight (Hilton et al. 2022,
+# "Batch size-invariance for policy optimization"). Clipping pi / mu instead clips every sample
+# whose behaviour policy is already a step behind, so a lagged slot gives almost no gradient.
+RATIO_FORMS = ("behaviour", "impact", "decoupled")
 
 
 def policy_ratio(
     logp: Tensor, behaviour_logp: Tensor, target_logp: Tensor | None = None,
     form: str = "behaviour",
 ) -> Tensor:
-    """pi/mu, or pi/max(mu, pi_target) for ``form="impact"`` (needs ``target_logp``)."""
+    """pi/mu, pi/max(mu, pi_target) for ``form="impact"``, or pi/pi_target for
+    ``form="decoupled"`` (both need ``target_logp``)."""
     if form == "behaviour":
         return (logp - behaviour_logp).exp()
     if form == "impact":
         if target_logp is None:
             raise ValueError("target_logp: the 'impact' ratio needs the target policy's log-probs")
         return (logp - torch.maximum(behaviour_logp, target_logp)).exp()
+    if form == "decoupled":
+        if target_logp is None:
+            raise ValueError("target_logp: the 'decoupled' ratio needs the proximal policy's "
+                             "log-probs")
+        return (logp - target_logp).exp()
     raise ValueError(f"form: expected one of {RATIO_FORMS}, got {form!r}")
 
 
-def ppo_surrogate(ratio: Tensor, advantages: Tensor, clip: float) -> tuple[Tensor, Tensor]:
-    """(loss, clipped fraction): -mean(min(r A, clip(r, 1-eps, 1+eps) A)) and the share of
-    samples whose ratio left [1-eps, 1+eps]."""
+def off_policy_weights(target_logp: Tensor, behaviour_logp: Tensor, rho_bar: float) -> Tensor:
+    """min(rho_bar, pi_prox / mu): the truncated importance weight of the decoupled surrogate,
+    the same truncation V-trace applies to its policy-gradient term (IMPALA, eq. 4)."""
+    if rho_bar <= 0:
+        raise ValueError(f"rho_bar: expected a positive clip, got {rho_bar}")
+    return (target_logp - behaviour_logp).exp().clamp(max=rho_bar)
+
+
+def ppo_surrogate(ratio: Tensor, advantages: Tensor, clip: float,
+                  weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(loss, clipped fraction): -mean(w min(r A, clip(r, 1-eps, 1+eps) A)) and the share of
+    samples whose ratio left [1-eps, 1+eps]; ``weights`` w (no gradient) default to 1."""
     if clip <= 0:
         raise ValueError(f"clip: expected a positive clip ratio, got {clip}")
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * advantages
-    loss = -torch.minimum(unclipped, clipped).mean()
+    surrogate = torch.minimum(unclipped, clipped)
+    if weights is not None:
+        surrogate = weights.detach() * surrogate
+    loss = -surrogate.mean()
     frac = ((ratio - 1.0).abs() > clip).float().mean()
     return loss, frac
 

@@ -14,6 +14,7 @@ from lightning_unilab.losses import (
     clipped_value_loss,
     gaussian_entropy,
     gaussian_kl,
+    off_policy_weights,
     policy_ratio,
     ppo_surrogate,
 )
@@ -32,13 +33,34 @@ def test_ppo_surrogate_by_hand():
     assert frac.item() == pytest.approx(3 / 5)
 
 
+def test_weighted_surrogate_by_hand():
+    ratio = torch.tensor([1.5, 0.5])
+    adv = torch.tensor([1.0, -1.0])
+    # min terms (1.2, -0.8); weights (0.5, 1): -(0.6 - 0.8) / 2
+    loss, frac = ppo_surrogate(ratio, adv, 0.2, torch.tensor([0.5, 1.0]))
+    assert loss.item() == pytest.approx(0.1)
+    assert frac.item() == pytest.approx(1.0)
+
+
+def test_off_policy_weights_truncate_pi_prox_over_mu():
+    prox, mu = torch.log(torch.tensor([0.2, 0.3])), torch.log(torch.tensor([0.4, 0.2]))
+    torch.testing.assert_close(off_policy_weights(prox, mu, 1.0), torch.tensor([0.5, 1.0]))
+    torch.testing.assert_close(off_policy_weights(prox, mu, 2.0), torch.tensor([0.5, 1.5]))
+    with pytest.raises(ValueError, match="rho_bar"):
+        off_policy_weights(prox, mu, 0.0)
+
+
 def test_policy_ratio_forms():
     logp, mu, target = (torch.log(torch.tensor([x])) for x in (0.3, 0.2, 0.25))
     assert policy_ratio(logp, mu).item() == pytest.approx(1.5)
     assert policy_ratio(logp, mu, target, "impact").item() == pytest.approx(1.2)
     assert policy_ratio(logp, target, mu, "impact").item() == pytest.approx(1.2)
-    with pytest.raises(ValueError, match="target_logp"):
-        policy_ratio(logp, mu, None, "impact")
+    # decoupled: clipped around the proximal policy, not the behaviour one
+    assert policy_ratio(logp, mu, target, "decoupled").item() == pytest.approx(1.2)
+    assert policy_ratio(logp, target, mu, "decoupled").item() == pytest.approx(1.5)
+    for form in ("impact", "decoupled"):
+        with pytest.raises(ValueError, match="target_logp"):
+            policy_ratio(logp, mu, None, form)
 
 
 def test_clipped_value_loss_by_hand():
@@ -193,6 +215,46 @@ def test_max_policy_lag_skips_stale_slots(pendulum_batch):
     assert all(torch.equal(a, b) for a, b in zip(params.after[1], params.after[2], strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(params.after[0], params.after[1],
                                                      strict=True))
+
+
+def _lagged(policy: ActorCritic, batch: dict) -> dict:
+    """The batch as if a policy with moved actor weights had acted (a lagged slot)."""
+    behaviour = _copy(policy)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in behaviour.actor.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen))
+        dist = behaviour.distribution(batch["obs"])
+    return batch | {"behaviour_logp": dist.log_prob(batch["actions"]).sum(-1),
+                    "behaviour_mean": dist.mean, "behaviour_log_std": dist.stddev.log()}
+
+
+def test_decoupled_ratio_clips_around_the_pre_update_policy(pendulum_batch):
+    policy, batch, _ = pendulum_batch
+    lagged = _lagged(policy, batch)
+    terms = {}
+    for form in ("decoupled", "behaviour"):
+        module = APPOModule(policy=_copy(policy), ratio_form=form, **SMALL)
+        slot = module.prepare(lagged)
+        with torch.no_grad():
+            terms[form] = module.loss_terms(slot)
+    # before any step pi = pi_prox: nothing is clipped, and the surrogate is -mean(w A)
+    assert terms["decoupled"]["clip_fraction"].item() == 0.0
+    w = (slot.target_logp - slot.behaviour_logp).exp().clamp(max=1.0)
+    assert terms["decoupled"]["policy_loss"].item() == pytest.approx(
+        -(w * slot.advantages).mean().item(), rel=1e-5)
+    assert terms["behaviour"]["clip_fraction"].item() > 0.3
+
+
+def test_ratio_forms_agree_on_policy(pendulum_batch):
+    policy, batch, _ = pendulum_batch
+    losses = []
+    for form in ("decoupled", "behaviour", "impact"):
+        module = APPOModule(policy=_copy(policy), ratio_form=form, **SMALL)
+        with torch.no_grad():
+            losses.append(module.loss_terms(module.prepare(batch))["loss"].item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert losses[0] == pytest.approx(losses[2], rel=1e-5)
 
 
 def test_target_network_follows_the_policy(pendulum_batch):
