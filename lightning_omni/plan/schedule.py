@@ -85,10 +85,15 @@ class Action:
     samples: tuple[int, ...] = ()
     group: tuple[int, ...] = ()
     counts: tuple[int, ...] = ()
+    # Interleaved pipelines (``interleaved.py``): the model-chunk channel of an ACTIVATION or
+    # GRADIENT message (0 otherwise). One microbatch crosses the same pair of ranks once per
+    # chunk, so each chunk is its own FIFO channel.
+    chunk: int = 0
 
     def __str__(self) -> str:
         if self.kind in (Kind.SEND, Kind.RECV, Kind.WAIT):
-            return f"{self.kind}({self.payload},mb={self.microbatch},peer={self.peer})"
+            chunk = f",chunk={self.chunk}" if self.chunk else ""
+            return f"{self.kind}({self.payload},mb={self.microbatch},peer={self.peer}{chunk})"
         if self.kind in (Kind.ENC_FWD, Kind.ENC_BWD):
             return f"{self.kind}(mb={self.microbatch},share={self.share:.3g})"
         return f"{self.kind}(mb={self.microbatch},stage={self.stage})"
@@ -96,10 +101,11 @@ class Action:
 
 def message_key(rank: int, action: Action) -> tuple[str, int, int, int]:
     """(payload, microbatch, src, dst): what pairs a send with its receive (and its WAIT)."""
+    channel = str(action.payload) if not action.chunk else f"{action.payload}@{action.chunk}"
     if action.kind in (Kind.SEND, Kind.WAIT):
-        return (str(action.payload), action.microbatch, rank, action.peer)
+        return (channel, action.microbatch, rank, action.peer)
     if action.kind == Kind.RECV:
-        return (str(action.payload), action.microbatch, action.peer, rank)
+        return (channel, action.microbatch, action.peer, rank)
     raise ValueError(f"action: expected a SEND, RECV or WAIT, got {action}")
 
 
@@ -116,6 +122,7 @@ class Schedule:
     llm_in_flight_bound: tuple[int, ...]
     encoder_in_flight_bound: tuple[int, ...]
     num_replicas: int = 1  # data-parallel replicas in ``actions`` (see ``for_replicas``)
+    num_chunks: int = 1  # model chunks per LLM rank (virtual pipeline stages; interleaved.py)
 
     @property
     def num_ranks(self) -> int:
@@ -543,7 +550,8 @@ def with_completion_points(schedule: Schedule, lag: int = 1) -> Schedule:
             for a in prog:
                 if a.kind == Kind.SEND and message_key(rank, a) in places[rank]:
                     at.setdefault(places[rank][message_key(rank, a)], []).append(
-                        Action(Kind.WAIT, a.microbatch, a.stage, a.peer, a.payload))
+                        Action(Kind.WAIT, a.microbatch, a.stage, a.peer, a.payload,
+                               chunk=a.chunk))
             new: list[Action] = []
             for i in range(len(prog) + 1):
                 new += at.get(i, [])
@@ -569,7 +577,7 @@ def _replace_actions(schedule: Schedule, actions: tuple[tuple[Action, ...], ...]
     return Schedule(schedule.name, schedule.num_stages, schedule.num_microbatches,
                     schedule.stage_ranks, schedule.encoder_ranks, actions,
                     schedule.llm_in_flight_bound, schedule.encoder_in_flight_bound,
-                    schedule.num_replicas)
+                    schedule.num_replicas, schedule.num_chunks)
 
 
 def for_replicas(replicas: Sequence[Schedule]) -> Schedule:
@@ -602,7 +610,7 @@ def for_replicas(replicas: Sequence[Schedule]) -> Schedule:
                                       tuple(e * per + r for e in range(n_rep)), a.counts))
                 elif a.kind in (Kind.SEND, Kind.RECV, Kind.WAIT):
                     new.append(Action(a.kind, a.microbatch, a.stage, d * per + a.peer,
-                                      a.payload, a.share, a.samples))
+                                      a.payload, a.share, a.samples, chunk=a.chunk))
                 else:
                     new.append(a)
             if r in first.stage_ranks:
@@ -616,7 +624,7 @@ def for_replicas(replicas: Sequence[Schedule]) -> Schedule:
     stage_ranks = tuple(d * per + r for d in range(n_rep) for r in first.stage_ranks)
     return Schedule(first.name, first.num_stages, first.num_microbatches, stage_ranks,
                     enc_group, tuple(programs), first.llm_in_flight_bound * n_rep,
-                    first.encoder_in_flight_bound * n_rep, n_rep)
+                    first.encoder_in_flight_bound * n_rep, n_rep, first.num_chunks)
 
 
 def max_in_flight(schedule: Schedule) -> tuple[list[int], list[int]]:
