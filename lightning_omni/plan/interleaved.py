@@ -1,0 +1,240 @@
+"""Interleaved (virtual-stage) pipelines: Megatron-LM's interleaved 1F1B in the plan IR.
+
+Each of the ``P`` LLM ranks holds ``v`` model chunks; virtual stage ``k = c * P + r`` is chunk
+``c`` of rank ``r``, so a microbatch crosses the ranks ``v`` times (a pipeline of depth
+``P * v``). The bubble shrinks to about ``(P - 1) / (v * m)`` of the step for ``m``
+microbatches, at the price of ``v`` times as many activation / gradient messages and a longer
+warm-up (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM", sec. 2.2.2). Megatron-LM runs the microbatches in groups of ``P`` (one
+group through every chunk before the next group), so ``m`` must be a multiple of ``P``.
+
+The order of a rank (``interleaved_order``) follows Megatron-LM's
+``forward_backward_pipelining_with_interleaving``: forward number ``k`` runs chunk
+``(k mod P*v) // P`` of microbatch ``(k // (P*v)) * P + k mod P``; backwards visit the chunks
+in reverse; rank ``r`` warms up with ``2 (P - r - 1) + (v - 1) P`` forwards, then alternates one
+forward and one backward, then drains.
+
+Encoder work is placed by the existing builders of ``schedule.py`` (each system's own rule):
+``interleave`` takes a plain (``v = 1``) schedule and re-threads its LLM work into the
+interleaved order. An encoder action stays tied to the LLM action it was tied to: what feeds
+stage 0's forward of microbatch ``m`` runs before its first chunk's forward of ``m``, what
+follows a backward of ``m`` runs after the last chunk's (chunk 0's) backward of ``m``. A rank's
+encoder backward of ``m`` waits for the feature gradients stage 0 returns after its chunk-0
+backward of ``m``; it is placed after that rank's own chunk-0 backward of ``m`` and ``r + 1``
+further backwards (about when stage 0's gradients arrive), never earlier: with the interleaved
+order's longer warm-up, the plain builder's "``P`` microbatches later" would deadlock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .costs import _require
+from .schedule import (
+    BUILDERS,
+    Action,
+    Kind,
+    Payload,
+    Schedule,
+    max_in_flight,
+    one_f_one_b_order,
+)
+
+_LLM_MESSAGES = (Payload.ACTIVATION, Payload.GRADIENT)
+
+
+def check_interleaving(num_stages: int, num_microbatches: int, num_chunks: int,
+                       layers: int | None = None) -> None:
+    """Raise ValueError unless ``num_chunks`` model chunks per rank can run: Megatron-LM's
+    interleaved schedule needs at least 2 stages, microbatches in groups of ``num_stages``
+    and (with ``layers``) an equal number of layers in every chunk."""
+    _require(isinstance(num_chunks, int) and num_chunks >= 1, "num_chunks", "an int >= 1",
+             num_chunks)
+    _require(isinstance(num_stages, int) and num_stages >= 1, "num_stages", "an int >= 1",
+             num_stages)
+    _require(isinstance(num_microbatches, int) and num_microbatches >= 1, "num_microbatches",
+             "an int >= 1", num_microbatches)
+    if num_chunks == 1:
+        return
+    _require(num_stages >= 2, "num_stages",
+             f">= 2 for {num_chunks} model chunks per rank (one stage has nothing to interleave)",
+             num_stages)
+    _require(num_microbatches % num_stages == 0, "num_microbatches",
+             f"a multiple of num_stages={num_stages} for an interleaved schedule (Megatron-LM "
+             "runs microbatches in groups of num_stages)", num_microbatches)
+    if layers is not None:
+        _require(layers % (num_stages * num_chunks) == 0, "layers",
+                 f"divisible by num_stages * num_chunks = {num_stages * num_chunks} (equal "
+                 "model chunks)", layers)
+
+
+def warmup_forwards(num_stages: int, num_microbatches: int, stage: int, num_chunks: int) -> int:
+    """Forwards rank ``stage`` runs before its first backward (Megatron-LM's count)."""
+    total = num_microbatches * num_chunks
+    if num_chunks == 1:
+        return min(num_stages - stage - 1, total)
+    return min(2 * (num_stages - stage - 1) + (num_chunks - 1) * num_stages, total)
+
+
+def interleaved_order(num_stages: int, num_microbatches: int, stage: int,
+                      num_chunks: int) -> list[tuple[str, int, int]]:
+    """('F' | 'B', microbatch, chunk) order of one rank; ``num_chunks == 1`` is plain 1F1B."""
+    check_interleaving(num_stages, num_microbatches, num_chunks)
+    _require(0 <= stage < num_stages, "stage", f"in [0, {num_stages})", stage)
+    p, v = num_stages, num_chunks
+    if v == 1:
+        return [(op, m, 0) for op, m in one_f_one_b_order(p, num_microbatches, stage)]
+
+    def nth(k: int, backward: bool) -> tuple[int, int]:
+        group, pos = divmod(k, p * v)
+        chunk = pos // p
+        return group * p + pos % p, (v - 1 - chunk) if backward else chunk
+
+    total = num_microbatches * v
+    warm = warmup_forwards(p, num_microbatches, stage, v)
+    order = [("F", *nth(k, False)) for k in range(warm)]
+    for i in range(total - warm):
+        order += [("F", *nth(warm + i, False)), ("B", *nth(i, True))]
+    order += [("B", *nth(k, True)) for k in range(total - warm, total)]
+    return order
+
+
+def _llm_block(op: str, m: int, chunk: int, rank: int, p: int, v: int,
+               ranks: Sequence[int]) -> list[Action]:
+    """RECV, compute and SEND of one chunk; ``stage`` is the virtual stage, a message's
+    ``chunk`` the chunk of the lower virtual stage of the boundary it crosses."""
+    k, last = chunk * p + rank, p * v - 1
+    out: list[Action] = []
+    if op == "F":
+        if k > 0:
+            out.append(Action(Kind.RECV, m, k, ranks[(k - 1) % p], Payload.ACTIVATION,
+                              chunk=(k - 1) // p))
+        out.append(Action(Kind.LLM_FWD, m, k))
+        if k < last:
+            out.append(Action(Kind.SEND, m, k, ranks[(k + 1) % p], Payload.ACTIVATION,
+                              chunk=k // p))
+    else:
+        if k < last:
+            out.append(Action(Kind.RECV, m, k, ranks[(k + 1) % p], Payload.GRADIENT,
+                              chunk=k // p))
+        out.append(Action(Kind.LLM_BWD, m, k))
+        if k > 0:
+            out.append(Action(Kind.SEND, m, k, ranks[(k - 1) % p], Payload.GRADIENT,
+                              chunk=(k - 1) // p))
+    return out
+
+
+def _is_llm(a: Action) -> bool:
+    return a.kind in (Kind.LLM_FWD, Kind.LLM_BWD) or (
+        a.kind in (Kind.SEND, Kind.RECV) and a.payload in _LLM_MESSAGES)
+
+
+def _split(prog: Sequence[Action]) -> tuple[list[tuple[str, int]], list[list[Action]]]:
+    """A plain rank program as its LLM ops and the other actions between them:
+    ``gaps[g]`` runs after ``g`` LLM ops."""
+    ops: list[tuple[str, int]] = []
+    gaps: list[list[Action]] = [[]]
+    for a in prog:
+        if a.kind in (Kind.LLM_FWD, Kind.LLM_BWD):
+            ops.append(("F" if a.kind == Kind.LLM_FWD else "B", a.microbatch))
+            gaps.append([])
+        elif not _is_llm(a):
+            gaps[-1].append(a)
+    return ops, gaps
+
+
+def _rethread(prog: Sequence[Action], rank: int, p: int, n: int, v: int,
+              ranks: Sequence[int]) -> list[Action]:
+    ops, gaps = _split(prog)
+    _require(sorted(ops) == sorted([("F", m) for m in range(n)] + [("B", m) for m in range(n)]),
+             "schedule", f"rank {rank} running each microbatch's forward and backward once",
+             ops[:8])
+    before: dict[tuple[str, int], list[Action]] = {}  # runs before F(m) of chunk 0
+    after: dict[tuple[str, int], list[Action]] = {}   # runs after op of chunk 0
+    backward_wait: list[tuple[int, Action]] = []      # (microbatch, action): see module doc
+    for g, gap in enumerate(gaps):
+        prev = ops[g - 1] if g > 0 else None
+        nxt = ops[g] if g < len(ops) else None
+        for a in gap:
+            if a.kind == Kind.ENC_BWD or (a.kind == Kind.RECV
+                                          and a.payload == Payload.FEATURE_GRAD):
+                backward_wait.append((a.microbatch, a))
+            elif nxt is not None and nxt[0] == "F" and not (
+                    prev is not None and prev[0] == "B" and a.microbatch == prev[1]):
+                before.setdefault(nxt, []).append(a)
+            else:
+                after.setdefault(prev if prev is not None else nxt, []).append(a)
+    order = interleaved_order(p, n, rank, v)
+    backs = [(m, c) for op, m, c in order if op == "B"]
+    at_back = {mc: i for i, mc in enumerate(backs)}
+    delay = 0 if rank == ranks[0] else ranks.index(rank) + 1
+    pending: dict[int, list[Action]] = {}
+    for m, a in backward_wait:
+        pending.setdefault(min(at_back[m, 0] + delay, len(backs) - 1), []).append(a)
+    out: list[Action] = []
+    b_seen = 0
+    for op, m, c in order:
+        if op == "F" and c == 0:
+            out += before.pop((op, m), [])
+        out += _llm_block(op, m, c, ranks.index(rank), p, v, ranks)
+        if c == 0:
+            out += after.pop((op, m), [])
+        if op == "B":
+            out += pending.pop(b_seen, [])
+            b_seen += 1
+    return out
+
+
+def interleave(base: Schedule, num_chunks: int) -> Schedule:
+    """``base`` (a plain single-replica schedule from ``schedule.BUILDERS``) with ``num_chunks``
+    model chunks per LLM rank; its encoder placement is kept (see the module docstring).
+    ``num_chunks == 1`` returns ``base`` itself."""
+    _require(isinstance(base, Schedule), "base", "a Schedule", type(base).__name__)
+    check_interleaving(base.num_stages, base.num_microbatches, num_chunks)
+    if num_chunks == 1:
+        return base
+    _require(base.num_replicas == 1 and base.num_chunks == 1, "base",
+             "a plain single-replica schedule (interleave before for_replicas)",
+             (base.num_replicas, base.num_chunks))
+    _require(all(a.kind != Kind.WAIT for prog in base.actions for a in prog), "base",
+             "a schedule without WAIT actions (add completion points after interleaving)",
+             base.name)
+    p, n, v = base.num_stages, base.num_microbatches, num_chunks
+    ranks = base.stage_ranks
+    programs = [tuple(_rethread(prog, r, p, n, v, ranks)) if r in ranks else prog
+                for r, prog in enumerate(base.actions)]
+    sched = Schedule(f"{base.name}+vpp{v}", p, n, ranks, base.encoder_ranks, tuple(programs),
+                     (), (), 1, v)
+    llm, enc = max_in_flight(sched)
+    return Schedule(sched.name, p, n, ranks, base.encoder_ranks, sched.actions,
+                    tuple(llm[r] for r in ranks) + tuple(0 for r in range(len(programs))
+                                                        if r not in ranks),
+                    tuple(enc), 1, v)
+
+
+def disaggregated_prefetch(num_stages: int, num_microbatches: int, num_chunks: int) -> int:
+    """How many microbatches a disaggregated encoder must run ahead of stage 0 so that it
+    never waits for a feature gradient that needs features it has not sent: the most
+    microbatches stage 0 forwards (chunk 0) beyond ``m`` before its chunk-0 backward of
+    ``m``."""
+    p = num_stages
+    order = interleaved_order(p, num_microbatches, 0, num_chunks)
+    ahead, seen = max(1, p - 1), -1
+    for op, m, c in order:
+        if op == "F" and c == 0:
+            seen = max(seen, m)
+        elif op == "B" and c == 0:
+            ahead = max(ahead, seen - m)
+    return max(ahead, p)
+
+
+def build_interleaved(name: str, num_stages: int, num_microbatches: int, num_chunks: int,
+                      **kwargs) -> Schedule:
+    """``schedule.BUILDERS[name](num_stages, num_microbatches, **kwargs)`` with ``num_chunks``
+    model chunks per rank. A disaggregated encoder's prefetch defaults to what the
+    interleaved order needs (``disaggregated_prefetch``)."""
+    _require(name in BUILDERS, "name", f"one of {sorted(BUILDERS)}", name)
+    check_interleaving(num_stages, num_microbatches, num_chunks)
+    if name == "encoder_disaggregated" and kwargs.get("prefetch") is None:
+        kwargs["prefetch"] = disaggregated_prefetch(num_stages, num_microbatches, num_chunks)
+    return interleave(BUILDERS[name](num_stages, num_microbatches, **kwargs), num_chunks)
