@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .costs import BYTES_BF16, CostModel, _require
+from .interleaved import build_interleaved, check_interleaving, interleave
 from .lssp import WorkItem, split_microbatch
 from .reorder import Item, plan_reorder
 from .scenario import SYSTEMS, ParallelConfig, Prediction, Scenario
@@ -39,6 +40,18 @@ from .schedule import (
 )
 from .simulate import StepCosts, simulate
 from .step_data import StepData
+
+
+def _chunk_layers(layers: int, pp: int, vpp: int, stage0_fraction: float = 1.0) -> list[int]:
+    """LLM layers of every virtual stage ``c * pp + r`` (chunk c of rank r): ``_stage_layers``
+    without interleaving; with ``vpp`` chunks per rank, equal chunks (Megatron-LM requires
+    the layers to divide evenly over ``pp * vpp`` virtual stages)."""
+    if vpp == 1:
+        return _stage_layers(layers, pp, stage0_fraction)
+    _require(stage0_fraction == 1.0, "config.stage0_layer_fraction",
+             f"1.0 with vpp={vpp} (interleaved chunks are equal)", stage0_fraction)
+    check_interleaving(pp, pp, vpp, layers)
+    return [layers // (pp * vpp)] * (pp * vpp)
 
 
 def _stage_layers(layers: int, pp: int, stage0_fraction: float = 1.0) -> list[int]:
@@ -79,11 +92,17 @@ class StepPricer:
         self.d, self.system, self.cfg, self.replica = data, system, config, replica
         self.sc, self.cost = data.scenario, data.cost
         self.off = frozenset(self.sc.omni_off) if system == "omni" else frozenset()
-        self.layers = _stage_layers(self.sc.llm.layers, config.pp, config.stage0_layer_fraction)
+        self.vpp = config.vpp
+        # per virtual stage (llm_* tables, LLM actions' ``stage``) and per rank (memory, grads)
+        self.chunk_layers = _chunk_layers(self.sc.llm.layers, config.pp, config.vpp,
+                                          config.stage0_layer_fraction)
+        self.layers = [sum(self.chunk_layers[s::config.pp]) for s in range(config.pp)]
         self.replica_kind = "omni" if system == "omni" and "reorder" not in self.off \
             else "loader"
         self.mbs = data.replicas(self.replica_kind, config.dp)[replica]
         self.num_mb = len(self.mbs)
+        if config.vpp > 1:
+            check_interleaving(config.pp, self.num_mb, config.vpp)
         self._key = (self.replica_kind, config.dp, replica)
         self._widths = [self._width(s) for s in range(config.pp)]
         self._offsets = [sum(self._widths[:s]) for s in range(config.pp)]
@@ -126,14 +145,15 @@ class StepPricer:
 
     # -- LLM ------------------------------------------------------------------------------
     def llm_seconds_all(self, stage: int, phase: str) -> np.ndarray:
-        """Seconds of every microbatch of this replica on one stage (vectorized, cached)."""
-        last = stage == self.cfg.pp - 1
-        key = ("llm", self._key, self.layers[stage], last, phase, self.cfg.tp,
-               self.cfg.recompute)
+        """Seconds of every microbatch of this replica on one virtual stage (a pipeline
+        stage without interleaving; vectorized, cached)."""
+        last = stage == len(self.chunk_layers) - 1
+        layers = self.chunk_layers[stage]
+        key = ("llm", self._key, layers, last, phase, self.cfg.tp, self.cfg.recompute)
         cached = self.d.arrays.get(key)
         if cached is None:
             calls, s1, s2 = self.d.llm_moments(*self._key)
-            cached = self.cost.batch_seconds(self.sc.llm, calls, s1, s2, self.layers[stage],
+            cached = self.cost.batch_seconds(self.sc.llm, calls, s1, s2, layers,
                                              self.cfg.tp, phase, self.cfg.recompute)
             if last:
                 cached = cached + np.array([self.cost.logits_seconds(
@@ -145,12 +165,18 @@ class StepPricer:
         return float(self.llm_seconds_all(stage, phase)[m])
 
     def llm_activation_all(self, stage: int) -> np.ndarray:
-        last = stage == self.cfg.pp - 1
-        key = ("act", self._key, self.layers[stage], last, self.cfg.tp, self.cfg.recompute)
+        """Activation bytes every microbatch keeps on one virtual stage until its backward.
+        Interleaving holds more of them on the first rank (``interleaved.py``: its warm-up
+        runs ``2 (pp - 1) + (vpp - 1) pp`` chunks ahead, Korthikanti et al. 2022 sec. 4.2.3
+        count ``1 + (pp - 1) / (pp vpp)`` stages' worth); the count comes from the schedule's
+        program order, each chunk holding its own layers' bytes."""
+        last = stage == len(self.chunk_layers) - 1
+        layers = self.chunk_layers[stage]
+        key = ("act", self._key, layers, last, self.cfg.tp, self.cfg.recompute)
         cached = self.d.arrays.get(key)
         if cached is None:
             _, tokens, _ = self.d.llm_moments(*self._key)
-            cached = self.cost.activation_bytes(self.sc.llm, tokens, self.layers[stage],
+            cached = self.cost.activation_bytes(self.sc.llm, tokens, layers,
                                                 self.cfg.tp, self.cfg.recompute)
             if last:
                 cached = cached + self.cost.logits_bytes(self.sc.llm, tokens, self.cfg.tp)
@@ -227,6 +253,10 @@ class StepPricer:
         return {"megatron": self._megatron, "disaggregated": self._disaggregated,
                 "omni": self._omni}[self.system]()
 
+    def _interleaved(self, base: Schedule) -> Schedule:
+        """``base`` with the config's model chunks per rank (itself when ``vpp == 1``)."""
+        return interleave(base, self.cfg.vpp)
+
     def _grad_seconds(self, parts: Sequence[tuple[float, int, bool]]) -> float:
         """Gradient all-reduces of one rank: (bytes, group size, inside a node) each."""
         return float(sum(self.cost.allreduce_seconds(b, g, inside) for b, g, inside in parts))
@@ -248,10 +278,10 @@ class StepPricer:
                 enc_bwd: dict[tuple[int, int], float], enc_mem: dict[tuple[int, int], float],
                 static: list[float], transfer_extra, grad_seconds: list[float],
                 exchange_seconds: float = 0.0) -> _Priced:
-        pp = self.cfg.pp
-        llm_f = [self.llm_seconds_all(s, "fwd") for s in range(pp)]
-        llm_b = [self.llm_seconds_all(s, "bwd") for s in range(pp)]
-        act = [self.llm_activation_all(s) for s in range(pp)]
+        stages = range(len(self.chunk_layers))  # virtual stages
+        llm_f = [self.llm_seconds_all(s, "fwd") for s in stages]
+        llm_b = [self.llm_seconds_all(s, "bwd") for s in stages]
+        act = [self.llm_activation_all(s) for s in stages]
         hidden_bytes = self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp
         _, mb_tokens, _ = self.d.llm_moments(*self._key)
 
@@ -272,6 +302,7 @@ class StepPricer:
             return b if a.kind in (Kind.LLM_FWD, Kind.ENC_FWD) else -b
 
         def transfer(rank: int, a: Action) -> float:
+            # interleaving: vpp times the messages, each priced like a plain pipeline's
             if a.payload in (Payload.ACTIVATION, Payload.GRADIENT):
                 return self.cost.p2p_seconds(float(mb_tokens[a.microbatch]) * hidden_bytes,
                                              self.inside_node(rank, a.peer))
@@ -297,8 +328,9 @@ class StepPricer:
     def _megatron(self) -> _Priced:
         cfg, enc = self.cfg, self.sc.encoder
         etp = self.stage_width(0)
-        sched = self._schedule(("encoder_first_stage", cfg.pp, self.num_mb),
-                               lambda: encoder_first_stage(cfg.pp, self.num_mb, grad_sync=True))
+        sched = self._schedule(("encoder_first_stage", cfg.pp, self.num_mb, cfg.vpp),
+                               lambda: self._interleaved(encoder_first_stage(
+                                   cfg.pp, self.num_mb, grad_sync=True)))
         enc_fwd, enc_bwd, enc_mem = {}, {}, {}
         for m, mb in enumerate(self.mbs):
             lens = self.d.enc_tokens[mb]
@@ -319,8 +351,11 @@ class StepPricer:
 
     def _disaggregated(self) -> _Priced:
         cfg, enc = self.cfg, self.sc.encoder
-        sched = self._schedule(("encoder_disaggregated", cfg.pp, self.num_mb),
-                               lambda: encoder_disaggregated(cfg.pp, self.num_mb, grad_sync=True))
+        sched = self._schedule(
+            ("encoder_disaggregated", cfg.pp, self.num_mb, cfg.vpp),
+            lambda: encoder_disaggregated(cfg.pp, self.num_mb, grad_sync=True) if cfg.vpp == 1
+            else build_interleaved("encoder_disaggregated", cfg.pp, self.num_mb, cfg.vpp,
+                                   grad_sync=True))
         enc_rank = cfg.pp
         lanes_total = cfg.encoder_gpus // cfg.encoder_tp
         lanes = lanes_total / cfg.dp
@@ -414,9 +449,11 @@ class StepPricer:
                 enc_fwd[r, m], enc_bwd[r, m], enc_mem[r, m] = self.d.splits[key]
                 rank_samples[r, m] = assigned
         exchange_on = cfg.dp > 1 and self.replica_kind == "omni"
-        sched = self._schedule(("uniform_insertion", self._key, pp, uniform, exchange_on),
-                               lambda: uniform_insertion(pp, self.num_mb, shares, grad_sync=True,
-                                                         sample_exchange=exchange_on))
+        sched = self._schedule(("uniform_insertion", self._key, pp, uniform, exchange_on,
+                                cfg.vpp),
+                               lambda: self._interleaved(uniform_insertion(
+                                   pp, self.num_mb, shares, grad_sync=True,
+                                   sample_exchange=exchange_on)))
         replicas = cfg.dp * pp * lanes
         all_samples = [i for mb in self.mbs for i in mb]
         static = [self.llm_static_bytes(s) + self.enc_static_bytes(cfg.encoder_tp, replicas)
@@ -486,6 +523,16 @@ def _check_config(system: str, scenario: Scenario, cfg: ParallelConfig) -> None:
              cfg.pp)
     _require(cfg.dp <= scenario.global_batch, "config.dp",
              f"<= global_batch={scenario.global_batch}", cfg.dp)
+    _require(isinstance(cfg.vpp, int) and cfg.vpp >= 1, "config.vpp", "an int >= 1", cfg.vpp)
+    if cfg.vpp > 1:
+        _require(scenario.global_batch % cfg.dp == 0, "config.dp",
+                 f"a divisor of global_batch={scenario.global_batch} with vpp={cfg.vpp} "
+                 "(every replica's microbatches a multiple of pp)", cfg.dp)
+        check_interleaving(cfg.pp, scenario.global_batch // cfg.dp, cfg.vpp,
+                           scenario.llm.layers)
+        _require(cfg.stage0_layer_fraction == 1.0, "config.stage0_layer_fraction",
+                 f"1.0 with vpp={cfg.vpp} (interleaved chunks are equal)",
+                 cfg.stage0_layer_fraction)
     pool_system = system == "disaggregated" or (system == "omni"
                                                 and "multiplexing" in scenario.omni_off)
     llm_gpus = cfg.tp * cfg.pp * cfg.dp

@@ -55,9 +55,11 @@ class ParallelConfig:
     encoder_tp: int = 1
     encoder_recompute: bool = False
     stage0_layer_fraction: float = 1.0
+    vpp: int = 1  # model chunks per pipeline rank (Megatron's virtual pipeline stages)
 
     def __str__(self) -> str:
-        text = f"TP{self.tp} PP{self.pp} DP{self.dp}" + (" +recompute" if self.recompute else "")
+        text = f"TP{self.tp} PP{self.pp}" + (f" VPP{self.vpp}" if self.vpp > 1 else "")
+        text += f" DP{self.dp}" + (" +recompute" if self.recompute else "")
         text += " +enc-recompute" if self.encoder_recompute else ""
         if self.encoder_gpus:
             text += f" enc{self.encoder_gpus}gpu"

@@ -29,12 +29,29 @@ class Grid:
     pp: tuple[int, ...] = (1, 2, 4, 8, 16)
     recompute: tuple[tuple[bool, bool], ...] = ((False, False), (False, True), (True, True))
     stage0_fractions: tuple[float, ...] = (1.0, 0.5, 0.0)  # of an even LLM layer split
+    # model chunks per pipeline rank (interleaved 1F1B); used where the layout allows it:
+    # pp > 1, an even split, layers divisible by pp * vpp, each replica's microbatches a
+    # multiple of pp (Megatron-LM's rule)
+    vpp: tuple[int, ...] = (1, 2)
 
 
 DEFAULT_GRID = Grid()
 # A conventionally configured pipeline: no uneven first stage, all-or-nothing recompute.
 CONVENTIONAL_PIPELINE_GRID = Grid(pp=(2, 4, 8, 16), recompute=((False, False), (True, True)),
-                                  stage0_fractions=(1.0,))
+                                  stage0_fractions=(1.0,), vpp=(1,))
+
+
+def vpp_choices(scenario: Scenario, pp: int, dp: int, cut: float, grid: Grid) -> list[int]:
+    """The grid's model-chunk counts this layout allows (see ``Grid.vpp``)."""
+    out = []
+    for v in grid.vpp:
+        _require(isinstance(v, int) and v >= 1, "grid.vpp", "ints >= 1", grid.vpp)
+        if v == 1:
+            out.append(1)
+        elif pp > 1 and cut == 1.0 and scenario.llm.layers % (pp * v) == 0 \
+                and scenario.global_batch % dp == 0 and (scenario.global_batch // dp) % pp == 0:
+            out.append(v)
+    return out
 
 
 def encoder_pool_choices(num_gpus: int) -> list[int]:
@@ -74,20 +91,21 @@ def candidate_configs(system: str, scenario: Scenario,
                     continue
                 for (recompute, enc_recompute), cut in itertools.product(
                         grid.recompute, grid.stage0_fractions if pp > 1 else (1.0,)):
-                    if pooled:
-                        for etp in enc_tps:
-                            if etp <= pool and pool % etp == 0:
-                                out.append(ParallelConfig(tp, pp, dp, recompute, pool, etp,
-                                                          enc_recompute, cut))
-                    elif system == "megatron":
-                        if tp in enc_tps:
-                            out.append(ParallelConfig(tp, pp, dp, recompute, 0, tp,
-                                                      enc_recompute, cut))
-                    else:
-                        for etp in enc_tps:
-                            if tp % etp == 0:
-                                out.append(ParallelConfig(tp, pp, dp, recompute, 0, etp,
-                                                          enc_recompute, cut))
+                    for v in vpp_choices(scenario, pp, dp, cut, grid):
+                        if pooled:
+                            for etp in enc_tps:
+                                if etp <= pool and pool % etp == 0:
+                                    out.append(ParallelConfig(tp, pp, dp, recompute, pool, etp,
+                                                              enc_recompute, cut, v))
+                        elif system == "megatron":
+                            if tp in enc_tps:
+                                out.append(ParallelConfig(tp, pp, dp, recompute, 0, tp,
+                                                          enc_recompute, cut, v))
+                        else:
+                            for etp in enc_tps:
+                                if tp % etp == 0:
+                                    out.append(ParallelConfig(tp, pp, dp, recompute, 0, etp,
+                                                              enc_recompute, cut, v))
             if system == "megatron":
                 out += _separate_encoder_stage(scenario, grid, tp, n, enc_tps)
     return out
@@ -151,13 +169,12 @@ def rank_peaks(pricer: StepPricer, pr=None) -> list[float]:
     for (r, m), b in pr.enc_mem.items():
         enc_mem.setdefault(r, np.zeros(n))[m] = b
     zeros = np.zeros(n)
+    acts = np.stack(pr.llm_act)  # [virtual stage, microbatch]
     peaks = []
     for rank in range(sched.num_ranks):
-        stage = sched.stage_of(rank)
-        is_llm, mbs, signs = traces[rank]
+        is_llm, mbs, signs, stages = traces[rank]
         if mbs.size:
-            act = pr.llm_act[stage] if stage >= 0 else zeros
-            deltas = np.where(is_llm, act[mbs], enc_mem.get(rank, zeros)[mbs]) * signs
+            deltas = np.where(is_llm, acts[stages, mbs], enc_mem.get(rank, zeros)[mbs]) * signs
             peaks.append(pr.static[rank] + max(0.0, float(np.cumsum(deltas).max())))
         else:
             peaks.append(pr.static[rank])
@@ -183,14 +200,17 @@ def estimate_priced(pricer: StepPricer, pr) -> float:
     for (r, m), t in pr.enc_fwd.items():
         enc_work[r] = enc_work.get(r, 0.0) + t + pr.enc_bwd.get((r, m), 0.0)
     work = []
+    p = sched.num_stages
     for rank in range(sched.num_ranks):
         stage = sched.stage_of(rank)
         busy = enc_work.get(rank, 0.0) + pr.collective_seconds[rank]
-        if stage >= 0:
-            busy += pr.llm_fwd[stage].sum() + pr.llm_bwd[stage].sum()
+        if stage >= 0:  # every virtual stage (model chunk) of this rank
+            busy += sum(pr.llm_fwd[k].sum() + pr.llm_bwd[k].sum()
+                        for k in range(stage, len(pr.llm_fwd), p))
         work.append(float(busy))
     slowest = max(work)
-    return slowest + (sched.num_stages - 1) * slowest / max(n, 1)
+    # warm-up and drain: (p - 1) of v * n chunk slots (Narayanan et al. 2021, sec. 2.2.2)
+    return slowest + (p - 1) * slowest / max(n * sched.num_chunks, 1)
 
 
 def screen(system: str, data: StepData, cfg: ParallelConfig,

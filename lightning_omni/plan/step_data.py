@@ -62,13 +62,13 @@ class StepData:
         self._replicas: dict[tuple[str, int], list[list[list[int]]]] = {}
         self.arrays: dict[tuple, np.ndarray] = {}
         self.schedules: dict[tuple, Schedule] = {}
-        self.traces: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        self.traces: dict[int, list[tuple[np.ndarray, ...]]] = {}
         self.splits: dict[tuple, tuple[float, float]] = {}
         self.spreads: dict[tuple, tuple[tuple[float, ...], tuple[tuple[int, ...], ...]]] = {}
         self._screen: dict[tuple, tuple[int, ...]] = {}
 
     def memory_traces(self, schedule: Schedule) -> list[tuple[np.ndarray, np.ndarray,
-                                                            np.ndarray]]:
+                                                            np.ndarray, np.ndarray]]:
         """Per rank compute-action arrays of a schedule built through ``self.schedules``."""
         key = id(schedule)
         if key not in self.traces:
@@ -159,12 +159,15 @@ def _pack_ffd(indices: list[int], tokens: np.ndarray, bins: int, capacity: int) 
     return out
 
 
-def _memory_trace(prog: Sequence[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Compute actions of one program as arrays: is-LLM, microbatch, +1 forward / -1 backward."""
+def _memory_trace(prog: Sequence[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                   np.ndarray]:
+    """Compute actions of one program as arrays: is-LLM, microbatch, +1 forward / -1 backward,
+    and the LLM (virtual) stage (0 for encoder actions)."""
     rows = [(a.kind in (Kind.LLM_FWD, Kind.LLM_BWD), a.microbatch,
-             1.0 if a.kind in (Kind.LLM_FWD, Kind.ENC_FWD) else -1.0)
+             1.0 if a.kind in (Kind.LLM_FWD, Kind.ENC_FWD) else -1.0,
+             max(a.stage, 0) if a.kind in (Kind.LLM_FWD, Kind.LLM_BWD) else 0)
             for a in prog if a.kind in COMPUTE_KINDS]
     if not rows:
-        return np.zeros(0, bool), np.zeros(0, int), np.zeros(0)
+        return np.zeros(0, bool), np.zeros(0, int), np.zeros(0), np.zeros(0, int)
     arr = np.array(rows, dtype=np.float64)
-    return arr[:, 0].astype(bool), arr[:, 1].astype(int), arr[:, 2]
+    return arr[:, 0].astype(bool), arr[:, 1].astype(int), arr[:, 2], arr[:, 3].astype(int)
