@@ -49,13 +49,24 @@ PLANTS = [
  ("free Ulysses all-to-all (sp_seconds)", "lightning_omni/plan/lssp.py",
   "        return self.seconds / degree + self.alltoall_seconds * (degree - 1) / degree**2",
   "        return self.seconds / degree"),
+ ("interleaved warm-up one chunk per stage short", "lightning_omni/plan/interleaved.py",
+  "    return min(2 * (num_stages - stage - 1) + (num_chunks - 1) * num_stages, total)",
+  "    return min((num_stages - stage - 1) + (num_chunks - 1) * num_stages, total)"),
+ ("free interleaved chunk messages", "lightning_omni/plan/pricing.py",
+  "            if a.payload in (Payload.ACTIVATION, Payload.GRADIENT):\n",
+  "            if a.payload in (Payload.ACTIVATION, Payload.GRADIENT) and a.chunk:\n"
+  "                return 0.0\n"
+  "            if a.payload in (Payload.ACTIVATION, Payload.GRADIENT):\n"),
+ ("chunk activations by physical stage", "lightning_omni/plan/search.py",
+  "acts[stages, mbs]", "acts[stages % sched.num_stages, mbs]"),
  ("free feature transfers", "lightning_omni/plan/pricing.py",
   "        return self.cost.p2p_seconds(tokens * self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp,"
   "\n                                     inside)",
   "        return 0.0"),
 ]
 TESTS = ["tests/omni/test_costs.py", "tests/omni/test_pricing.py", "tests/omni/test_systems.py",
-         "tests/omni/test_run_prediction.py", "tests/omni/test_lssp.py"]
+         "tests/omni/test_run_prediction.py", "tests/omni/test_lssp.py",
+         "tests/omni/test_interleaved.py"]
 # An editable install would import the working tree's package: drop its finder, put the copy first.
 RUNNER = ("import sys\n"
           "sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower() and "

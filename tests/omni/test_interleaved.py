@@ -3,9 +3,12 @@ and the errors for layouts that cannot interleave."""
 
 import itertools
 from collections import Counter
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
+from lightning_omni.plan.costs import BYTES_BF16, H100_80G, CostModel, TransformerConfig
 from lightning_omni.plan.interleaved import (
     build_interleaved,
     check_interleaving,
@@ -24,7 +27,18 @@ from lightning_omni.plan.schedule import (
     one_f_one_b_order,
     with_completion_points,
 )
+from lightning_omni.plan.search import rank_peaks
 from lightning_omni.plan.simulate import simulate, uniform_costs
+from lightning_omni.plan.systems import (
+    Grid,
+    ParallelConfig,
+    Scenario,
+    StepData,
+    StepPricer,
+    candidate_configs,
+    predict,
+)
+from lightning_omni.plan.workload import image_text_mixture
 
 SHAPES = [(p, v, p * g) for p, v, g in itertools.product((2, 3, 4), (1, 2, 3), (1, 2, 3))]
 
@@ -166,3 +180,98 @@ def test_bad_layouts_are_named():
         interleave(with_completion_points(one_f_one_b(2, 4)), 2)
     check_interleaving(4, 8, 2, layers=40)
     check_interleaving(1, 3, 1, layers=7)
+
+
+# ---- pricing and search ----------------------------------------------------------------------
+
+ENC = TransformerConfig("enc", layers=2, hidden=64, heads=4, ffn_hidden=256, causal=False)
+LLM = TransformerConfig("llm", layers=4, hidden=128, heads=4, ffn_hidden=512, vocab=1000)
+SYSTEM_CONFIGS = [("megatron", {}), ("omni", {}), ("disaggregated", {"encoder_gpus": 2})]
+
+
+@pytest.fixture(scope="module")
+def data():
+    sc = Scenario("tiny", ENC, LLM, H100_80G, 8, 8, 512, image_text_mixture(0.5))
+    return StepData(sc, CostModel(H100_80G))
+
+
+@pytest.mark.parametrize("system,extra", SYSTEM_CONFIGS)
+def test_priced_chunks_split_each_stages_work(data, system, extra):
+    """A rank's chunks hold its layers: their seconds sum to the plain stage's (the output
+    head on the last virtual stage, on the last rank in both)."""
+    plain = StepPricer(data, system, ParallelConfig(1, 2, 2, encoder_tp=1, **extra)).build()
+    pricer = StepPricer(data, system, ParallelConfig(1, 2, 2, encoder_tp=1, vpp=2, **extra))
+    inter = pricer.build()
+    assert pricer.chunk_layers == [1, 1, 1, 1] and pricer.layers == [2, 2]
+    assert inter.schedule.num_chunks == 2 and len(inter.llm_fwd) == 4
+    for rank in range(2):
+        for table_v, table_1 in ((inter.llm_fwd, plain.llm_fwd), (inter.llm_bwd, plain.llm_bwd),
+                                 (inter.llm_act, plain.llm_act)):
+            np.testing.assert_allclose(table_v[rank] + table_v[rank + 2], table_1[rank])
+    assert inter.static == plain.static
+    check_schedule(inter.schedule)
+
+
+@pytest.mark.parametrize("system,extra", SYSTEM_CONFIGS)
+def test_every_chunk_message_is_priced_as_a_plain_pipelines(data, system, extra):
+    cfg = ParallelConfig(1, 2, 2, encoder_tp=1, vpp=2, **extra)
+    pricer = StepPricer(data, system, cfg)
+    pr = pricer.build()
+    _, tokens, _ = data.llm_moments(pricer.replica_kind, cfg.dp, 0)
+    priced = 0
+    for rank, prog in enumerate(pr.schedule.actions):
+        for a in prog:
+            if a.kind == Kind.SEND and a.payload in (Payload.ACTIVATION, Payload.GRADIENT):
+                nbytes = float(tokens[a.microbatch]) * LLM.hidden * BYTES_BF16 / cfg.tp
+                expect = data.cost.p2p_seconds(nbytes, pricer.inside_node(rank, a.peer))
+                assert pr.costs.transfer_seconds(rank, a) == pytest.approx(expect), str(a)
+                priced += 1
+    assert priced == 2 * pricer.num_mb * (2 * 2 - 1)  # both directions, P v - 1 boundaries
+
+
+@pytest.mark.parametrize("system,extra", SYSTEM_CONFIGS)
+def test_memory_peaks_of_chunks_match_the_simulation(data, system, extra):
+    """The closed-form peak (program order, per virtual stage) is what the simulator sees;
+    the first rank holds more chunks in flight than a plain pipeline holds microbatches."""
+    cfg = ParallelConfig(1, 2, 2, encoder_tp=1, vpp=2, **extra)
+    pricer = StepPricer(data, system, cfg)
+    pr = pricer.build()
+    sim = simulate(pr.schedule, pr.costs)
+    assert rank_peaks(pricer, pr) == pytest.approx(list(sim.peak_memory_bytes))
+    llm, _ = max_in_flight(pr.schedule)
+    assert llm[0] == 2 * (2 - 1) + (2 - 1) * 2 + 1
+
+
+def test_layouts_that_cannot_interleave_are_named(data):
+    sc = data.scenario
+    with pytest.raises(ValueError, match="num_stages: expected >= 2"):
+        predict("megatron", sc, ParallelConfig(1, 1, 4, vpp=2), data.cost, data)
+    with pytest.raises(ValueError, match="layers: expected divisible by num_stages"):
+        predict("omni", sc, ParallelConfig(1, 2, 2, vpp=3), data.cost, data)
+    with pytest.raises(ValueError, match="num_microbatches: expected a multiple of "
+                                         "num_stages=2"):
+        predict("omni", sc, ParallelConfig(1, 2, 8, vpp=2), data.cost, data)
+    with pytest.raises(ValueError, match="config.dp: expected a divisor of global_batch"):
+        predict("omni", sc, ParallelConfig(1, 2, 3, vpp=2), data.cost, data)
+    with pytest.raises(ValueError, match="stage0_layer_fraction: expected 1.0 with vpp=2"):
+        predict("megatron", sc, ParallelConfig(1, 2, 2, vpp=2, stage0_layer_fraction=0.5),
+                data.cost, data)
+    with pytest.raises(ValueError, match="config.vpp: expected an int >= 1"):
+        predict("megatron", sc, ParallelConfig(1, 2, 2, vpp=0), data.cost, data)
+
+
+def test_grid_offers_vpp_to_every_system_where_the_layout_allows(data):
+    sc = data.scenario
+    for system in ("megatron", "disaggregated", "omni"):
+        configs = candidate_configs(system, sc, grid=Grid(vpp=(1, 2)))
+        inter = [c for c in configs if c.vpp == 2]
+        assert inter, system
+        for c in inter:
+            assert c.pp > 1 and c.stage0_layer_fraction == 1.0
+            assert LLM.layers % (c.pp * 2) == 0 and (8 // c.dp) % c.pp == 0 and 8 % c.dp == 0
+            assert "VPP2" in str(c)
+        plain = candidate_configs(system, sc, grid=Grid(vpp=(1,)))
+        assert {replace(c, vpp=1) for c in inter} <= set(plain)
+        assert all(c.vpp == 1 for c in plain)
+    with pytest.raises(ValueError, match="grid.vpp"):
+        candidate_configs("omni", sc, grid=Grid(vpp=(0,)))
