@@ -18,10 +18,12 @@ import torch.distributed as dist
 from lightning.pytorch.loops.optimization.automatic import ClosureResult, _AutomaticOptimization
 from lightning.pytorch.strategies import DDPStrategy
 
+from .plan.lssp_schedule import GroupOptions
 from .runtime import checkpoint as ckpt
 from .runtime.engine import SCHEDULES, OmniEngine, StepResult
 from .runtime.layout import make_layout
 from .runtime.metrics import step_metrics
+from .runtime.ulysses import BACKENDS
 from .spec import OmniSpec, get_spec
 
 
@@ -36,6 +38,15 @@ class OmniStrategy(DDPStrategy):
         num_microbatches: microbatches per replica and step (default: 2 * pipeline_parallel).
         stage_blocks: LLM blocks per stage (default: balanced by ``OmniSpec.block_costs``).
         timeout: how long a message or collective may wait before the step fails.
+        lssp: long samples' encoder work runs Ulysses sequence parallel over ranks of their
+            stage's data-parallel group, short samples data parallel (docs/omni/lssp_reorder.md).
+        reorder: balance encoder samples over the replicas inside each locality group.
+        locality_groups: locality group id of every global rank (default: one per node);
+            samples and SP groups never cross them.
+        lssp_max_rows: encoder rows of one sample a rank may hold; longer samples must run
+            sequence parallel (default: no limit, long means costlier than a balanced share).
+        encoder_cost: ``(a, b)``: a sample of L encoder rows costs ``a * L + b * L**2``.
+        ulysses_backend: ``"auto"`` (DeepSpeed if installed), ``"deepspeed"`` or ``"torch"``.
     """
 
     strategy_name = "omni"
@@ -43,7 +54,11 @@ class OmniStrategy(DDPStrategy):
     def __init__(self, pipeline_parallel: int = 1, data_parallel: int | None = None,
                  schedule: str = "uniform_insertion", num_microbatches: int | None = None,
                  stage_blocks: list[int] | None = None,
-                 timeout: timedelta = timedelta(minutes=10), **kwargs: Any) -> None:
+                 timeout: timedelta = timedelta(minutes=10), lssp: bool = False,
+                 reorder: bool = False, locality_groups: list[int] | None = None,
+                 lssp_max_rows: float | None = None,
+                 encoder_cost: tuple[float, float] = (1.0, 0.0),
+                 ulysses_backend: str = "auto", **kwargs: Any) -> None:
         if not isinstance(pipeline_parallel, int) or pipeline_parallel < 1:
             raise ValueError(f"pipeline_parallel: expected an int >= 1, got {pipeline_parallel!r}")
         if data_parallel is not None and (not isinstance(data_parallel, int) or data_parallel < 1):
@@ -53,7 +68,21 @@ class OmniStrategy(DDPStrategy):
         if num_microbatches is not None and (not isinstance(num_microbatches, int)
                                              or num_microbatches < 1):
             raise ValueError(f"num_microbatches: expected an int >= 1, got {num_microbatches!r}")
+        if lssp_max_rows is not None and not lssp_max_rows > 0:
+            raise ValueError(f"lssp_max_rows: expected a number > 0 or None, got "
+                             f"{lssp_max_rows!r}")
+        if len(encoder_cost) != 2 or any(c < 0 for c in encoder_cost) or sum(encoder_cost) <= 0:
+            raise ValueError(f"encoder_cost: expected (a, b) >= 0, not both 0, got "
+                             f"{encoder_cost!r}")
+        if ulysses_backend not in BACKENDS:
+            raise ValueError(f"ulysses_backend: expected one of {BACKENDS}, got "
+                             f"{ulysses_backend!r}")
         super().__init__(timeout=timeout, **kwargs)
+        self.lssp, self.reorder = bool(lssp), bool(reorder)
+        self.locality_groups = None if locality_groups is None else list(locality_groups)
+        self.lssp_max_rows = lssp_max_rows
+        self.encoder_cost = (float(encoder_cost[0]), float(encoder_cost[1]))
+        self.ulysses_backend = ulysses_backend
         self.pipeline_parallel = pipeline_parallel
         self.data_parallel = data_parallel
         self.schedule = schedule
@@ -103,12 +132,38 @@ class OmniStrategy(DDPStrategy):
         layout = make_layout(self._world(), self.global_rank, self.pipeline_parallel,
                              self.data_parallel, self.spec.costs_of_blocks(), self.stage_blocks)
         self.engine = OmniEngine(self.spec, layout, self.schedule, self.num_microbatches,
-                                 self.omni_timeout, self.root_device)
+                                 self.omni_timeout, self.root_device, self._group_options(),
+                                 self.ulysses_backend)
         epoch_loop = trainer.fit_loop.epoch_loop
         old = epoch_loop.automatic_optimization
         loop = _OmniOptimization(trainer, self)
         loop.optim_progress = old.optim_progress  # keep counters (checkpoint/resume)
         epoch_loop.automatic_optimization = loop
+
+    def _group_options(self) -> GroupOptions | None:
+        """Encoder group actions (LSSP / grouped reordering), or None: per-replica plans."""
+        if not (self.lssp or self.reorder):
+            return None
+        world = self._world()
+        if self.locality_groups is None:
+            locality = tuple(r // self.num_processes for r in range(world))  # one per node
+        else:
+            locality = tuple(int(g) for g in self.locality_groups)
+            if len(locality) != world:
+                raise ValueError(f"locality_groups: expected one group id per rank ({world}), "
+                                 f"got {len(locality)}")
+        heads = []
+        for m in self.spec.modalities:
+            h = getattr(m.encoder, "heads", None)
+            if self.lssp and not (isinstance(h, int) and h >= 1):
+                raise ValueError(f"modalities[{m.name}].encoder: lssp=True needs an encoder "
+                                 "with an int `heads` attribute whose forward accepts "
+                                 "`attention=` (e.g. lightning_omni.runtime.token_encoder."
+                                 f"TokenEncoder), got {type(m.encoder).__name__}")
+            heads.append(h if isinstance(h, int) and self.lssp else 0)
+        cap = self.lssp_max_rows if self.lssp_max_rows is not None else float("inf")
+        return GroupOptions(self.lssp, self.reorder, locality, tuple(heads),
+                            self.encoder_cost[0], self.encoder_cost[1], float(cap))
 
     def on_train_start(self) -> None:
         """Refuse a loader whose batches cannot split into the microbatches, before step 1."""

@@ -47,6 +47,10 @@ class SubgroupCache:
             self._groups[key] = group
         return group
 
+    def add(self, ranks: Iterable[int], group: dist.ProcessGroup) -> None:
+        """Register a group created elsewhere (e.g. by ``dist.new_group`` on every rank)."""
+        self._groups[tuple(sorted(int(r) for r in ranks))] = group
+
     def warm(self, groups: Iterable[Sequence[int]]) -> None:
         """Create the groups this rank belongs to, in the given order (same list everywhere)."""
         me = dist.get_rank()

@@ -22,9 +22,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from ..plan.lssp_schedule import GroupedPlan
 from ..plan.schedule import Action, Kind, Payload, message_key
 from ..spec import OmniSpec, scatter_features, valid_rows
+from .alltoall import SubgroupCache
 from .layout import Layout
+from .lssp_exec import build_exec_plan, run_lssp_microbatch
 from .memory import SavedTensorMeter
 
 TAGS = {Payload.ACTIVATION: 1, Payload.GRADIENT: 2, Payload.FEATURES: 3,
@@ -46,6 +49,7 @@ class StepRecord:
     peak_saved_bytes: int
     timings: list[tuple[Action, float, float]] = field(default_factory=list)
     cuda_peak_bytes: int = 0  # allocator peak on GPU (0 on CPU)
+    bytes_sent: int = 0  # encoder group exchanges: bytes this rank sent to other ranks
 
     @property
     def bubble_fraction(self) -> float:
@@ -95,15 +99,22 @@ class StageExecutor:
         self.encoder_params = _unique(p for m in spec.modalities for p in m.encoder.parameters())
         self.owns_encoders = owns_encoders
         self.meter = SavedTensorMeter(self.owned_params())
+        self.cache: SubgroupCache | None = None  # encoder group process groups (LSSP/reorder)
+        self.ulysses_backend = "auto"
 
     def owned_params(self) -> list[Tensor]:
         return self.llm_params + (self.encoder_params if self.owns_encoders else [])
 
     # -- one step -------------------------------------------------------------------------
-    def run(self, actions: Sequence[Action], mbs: list[dict[str, Tensor]]) -> StepRecord:
+    def run(self, actions: Sequence[Action], mbs: list[dict[str, Tensor]],
+            grouped: GroupedPlan | None = None) -> StepRecord:
         """Run the actions; gradients are of the summed (unnormalized) loss, and the returned
-        record carries this rank's loss sum and count (last stage) for normalizing."""
+        record carries this rank's loss sum and count (last stage) for normalizing.
+        ``grouped``: the plan's encoder group work (LSSP / grouped reordering), if any."""
         self._mbs = mbs
+        self._grouped = grouped
+        self._enc_parts: dict[int, list[tuple[Tensor, Tensor]]] = {}
+        self._bytes_sent = 0
         self._enc_out: dict[int, Tensor] = {}    # own encoder output (graph), per microbatch
         self._local_feat: dict[int, Tensor] = {}  # stage 0: leaf of its own encoder output
         self._feat_in: dict[int, list[tuple[tuple[int, ...], Tensor]]] = {}
@@ -127,9 +138,11 @@ class StageExecutor:
             t0 = time.perf_counter()
             if a.kind == Kind.ENC_FWD:
                 with self.meter.hooks():
-                    self._enc_fwd(a)
+                    (self._group_enc_fwd if grouped is not None else self._enc_fwd)(a)
             elif a.kind == Kind.ENC_BWD:
-                self._enc_bwd(a)
+                (self._group_enc_bwd if grouped is not None else self._enc_bwd)(a)
+            elif a.kind == Kind.ALLTOALL and grouped is not None:
+                pass  # a group's exchange: performed inside the ENC_FWD/ENC_BWD next to it
             elif a.kind == Kind.LLM_FWD:
                 with self.meter.hooks():
                     res = self._llm_fwd(a)
@@ -157,7 +170,8 @@ class StageExecutor:
         seconds = time.perf_counter() - t_step
         return StepRecord(float(loss_sum), float(count), seconds, busy, self.meter.peak,
                           [(a, t0 - t_step, t1 - t_step) for a, t0, t1 in timings],
-                          torch.cuda.max_memory_allocated(self.device) if cuda else 0)
+                          torch.cuda.max_memory_allocated(self.device) if cuda else 0,
+                          self._bytes_sent)
 
     # -- compute --------------------------------------------------------------------------
     def _encode(self, mb: dict[str, Tensor], samples: tuple[int, ...]) -> Tensor:
@@ -195,6 +209,64 @@ class StageExecutor:
         else:
             grad = self._feat_grad.pop(a.microbatch)
         torch.autograd.backward(out, grad)
+
+    # -- encoder group actions (LSSP / grouped reordering, see plan.lssp_schedule) -----------
+    def _group_enc_fwd(self, a: Action) -> None:
+        """Run this rank's part of the group's encoder work; keep the features of this
+        replica's own samples (in the FEATURES message layout) like ``_enc_fwd`` does."""
+        plan = self._grouped
+        m, rank, d = a.microbatch, self.layout.rank, self.layout.replica
+        w, b = plan.work(m, rank), plan.batch
+        own = tuple(g - d * b for g in a.samples if d * b <= g < (d + 1) * b)
+        mb = self._mbs[m]
+        parts, feats = [], []
+        j = w.members.index(rank)
+        for k, mod in enumerate(self.spec.modalities):
+            split = w.splits[k]
+            if split is None:
+                continue
+            ex = build_exec_plan(split, w.lengths[k], w.owner[k])
+            mine = sorted(g for g, o in w.owner[k].items() if o == j)
+            x = mb[mod.inputs]
+            inputs = {g: x[g - d * b, :w.lengths[k][g]] for g in mine}
+            res = run_lssp_microbatch(mod.encoder, ex, inputs, w.members, cache=self.cache,
+                                      backend=self.ulysses_backend, in_dim=int(x.shape[2]),
+                                      out_dim=self.hidden, dtype=x.dtype)
+            self._bytes_sent += res.bytes_sent
+            part = (torch.cat([res.features[g] for g in mine]) if mine else
+                    torch.zeros(0, self.hidden, dtype=self.dtype, device=self.device))
+            parts.append((part, res.anchor))
+            feats.append(part)
+        out = (torch.cat(feats).to(self.dtype) if feats else
+               torch.zeros(0, self.hidden, dtype=self.dtype, device=self.device))
+        self._enc_out[m] = out
+        self._enc_parts[m] = parts
+        if self.layout.is_first:
+            leaf = out.detach().requires_grad_()
+            self._local_feat[m] = leaf
+            if own:
+                self._feat_in.setdefault(m, []).append((own, leaf))
+
+    def _group_enc_bwd(self, a: Action) -> None:
+        """Backward of the group's encoder work, one modality at a time in the same order on
+        every member (each runs the group's reverse all-to-alls); a member without features
+        of its own still joins them through the received buffer (``anchor``)."""
+        m = a.microbatch
+        out = self._enc_out.pop(m)
+        parts = self._enc_parts.pop(m)
+        if self.layout.is_first:
+            leaf = self._local_feat.pop(m)
+            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        else:
+            grad = self._feat_grad.pop(m, None)
+            if grad is None:  # no own samples: no FEATURE_GRAD message
+                grad = torch.zeros_like(out)
+        grads = grad.split([p.shape[0] for p, _ in parts]) if parts else []
+        for (part, anchor), g in zip(parts, grads, strict=True):
+            total = anchor.sum() * 0
+            if part.shape[0]:
+                total = total + (part * g.to(part.dtype)).sum()
+            total.backward()
 
     def _assemble(self, m: int, mb: dict[str, Tensor], h: Tensor) -> Tensor:
         sources = self._feat_in.pop(m, [])

@@ -208,14 +208,16 @@ class LsspResult:
 
 def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
                         inputs: Mapping[int, torch.Tensor], global_ranks: Sequence[int],
-                        cache: SubgroupCache | None = None, backend: str = "auto"
-                        ) -> LsspResult:
+                        cache: SubgroupCache | None = None, backend: str = "auto",
+                        in_dim: int | None = None, out_dim: int | None = None,
+                        dtype: torch.dtype | None = None) -> LsspResult:
     """Run the microbatch's encoder work on this rank (see the module docstring).
 
     ``encoder(x [B, L, in], lengths [B]) -> [B, L, out]`` must treat tokens independently
     except in attention and accept ``attention=`` (``TokenEncoder`` does); ``inputs`` holds the
     ``[L, in]`` rows of the samples this rank owns. Every rank of the group calls this with the
-    same plan.
+    same plan. ``in_dim``/``dtype`` (input rows) and ``out_dim`` (feature rows) are read off
+    the encoder (``in_dim``, ``out_dim``) when not given; a rank that sends nothing needs them.
     """
     cache = cache or default_cache()
     me = dist.get_rank()
@@ -232,8 +234,8 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
             raise ValueError(f"inputs: this rank owns sample {sid} but its rows are missing")
     ref = next(iter(inputs.values()), None)
     param = next(encoder.parameters())
-    in_dim = ref.shape[1] if ref is not None else encoder.in_dim
-    dtype = ref.dtype if ref is not None else param.dtype
+    in_dim = ref.shape[1] if ref is not None else (in_dim or encoder.in_dim)
+    dtype = ref.dtype if ref is not None else (dtype or param.dtype)
 
     # 1. inputs to the encoding ranks (data: no gradient)
     sends = plan.sends(rank, plan.inputs)
@@ -288,7 +290,7 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
     if sends:
         buf = torch.cat([outs[(p.sample_id, p.start)] for p in sends])
     else:  # keep this rank in the backward all-to-all even when it sends nothing
-        out_dim = encoder.out_dim
+        out_dim = out_dim or encoder.out_dim
         buf = param.reshape(-1)[:0].reshape(0, 1).expand(0, out_dim)
     got = all_to_all_rows(buf, send_split, recv_split, group)
     bytes_sent += sum(s for d, s in enumerate(send_split) if d != rank) * buf.shape[1] * \

@@ -60,7 +60,8 @@ def step_metrics(result: StepResult, layout: Layout) -> dict[str, float]:
     """Collective: call on every rank. Returns the metrics to log (meaningful on rank 0)."""
     rec = result.record
     mine = torch.tensor([rec.seconds, rec.busy_seconds, float(rec.peak_saved_bytes),
-                         float(rec.cuda_peak_bytes)], dtype=torch.float64)
+                         float(rec.cuda_peak_bytes), float(rec.bytes_sent)],
+                        dtype=torch.float64)
     rows = [torch.zeros_like(mine) for _ in range(layout.world_size)]
     if dist.get_backend() == "nccl":  # NCCL collectives need device tensors
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -81,6 +82,9 @@ def step_metrics(result: StepResult, layout: Layout) -> dict[str, float]:
         if any(float(rows[r][3]) > 0 for r in ranks):
             metrics[f"omni/cuda_peak_mb/stage{s}"] = max(float(rows[r][3]) for r in ranks) / 2**20
     metrics["omni/predicted_step_ms"] = 1e3 * predict(result.plan, timings).step_seconds
+    if result.grouped is not None:  # LSSP / grouped reordering: the plan's facts, bytes moved
+        metrics.update(result.grouped.metrics())
+        metrics["encoder/bytes_exchanged"] = sum(float(r[4]) for r in rows)
     return metrics
 
 

@@ -44,7 +44,7 @@ class TokenEncoder(nn.Module):
     def __init__(self, in_dim: int, dim: int = 32, heads: int = 4, layers: int = 2,
                  out_dim: int | None = None, causal: bool = False) -> None:
         super().__init__()
-        self.heads, self.causal = heads, causal
+        self.heads, self.causal, self.dim = heads, causal, dim
         self.inp = nn.Linear(in_dim, dim)
         self.blocks = nn.ModuleList(EncoderBlock(dim, heads) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)

@@ -98,11 +98,17 @@ class OmniToy(pl.LightningModule):
     """A multimodal LLM written for one device; ``configure_omni`` is the only Omni addition."""
 
     def __init__(self, hidden: int = 16, layers: int = 4, lr: float = 1e-2,
-                 width: int = 12) -> None:
+                 width: int = 12, encoder: str = "plain") -> None:
         super().__init__()
         self.lr = lr
-        self.image_encoder = Encoder(IMG_DIM, width, hidden)
-        self.audio_encoder = Encoder(AUD_DIM, width, hidden)
+        if encoder == "token":  # attention swappable for Ulysses: LSSP can split a sample
+            from lightning_omni.runtime.token_encoder import TokenEncoder
+
+            self.image_encoder = TokenEncoder(IMG_DIM, width, 2, 1, out_dim=hidden)
+            self.audio_encoder = TokenEncoder(AUD_DIM, width, 2, 1, out_dim=hidden)
+        else:
+            self.image_encoder = Encoder(IMG_DIM, width, hidden)
+            self.audio_encoder = Encoder(AUD_DIM, width, hidden)
         self.embed = Embedding(hidden)
         self.blocks = nn.ModuleList(Block(hidden) for _ in range(layers))
         self.head = Head(hidden)
@@ -365,4 +371,64 @@ def strategy_worker(rank: int, world: int, log_dir: str) -> dict[str, Any]:
     except OmniRuntimeError as err:
         out["lost_rank_error"] = str(err)
     out["lost_rank_seconds"] = time.perf_counter() - t0
+    return out
+
+
+# -- LSSP and grouped reordering under the strategy ---------------------------------------------
+class HeavyFirstSampler(torch.utils.data.Sampler):
+    """Replica ``replica``'s share of every global batch, where replica 0 gets the samples with
+    the most encoder rows: the uneven load grouped reordering must even out. The union of the
+    replicas' batches is still the plain global batch (the reference's)."""
+
+    def __init__(self, data: ToyData, batch: int, dp: int, replica: int) -> None:
+        self.data, self.batch, self.dp, self.replica = data, batch, dp, replica
+
+    def _rows(self, i: int) -> int:
+        item = self.data[i]
+        return int(item["image_len"]) + int(item["audio_len"])
+
+    def __iter__(self):
+        per = self.batch // self.dp
+        for lo in range(0, len(self.data) - self.batch + 1, self.batch):
+            block = sorted(range(lo, lo + self.batch), key=lambda i: (-self._rows(i), i))
+            yield from block[self.replica * per:(self.replica + 1) * per]
+
+    def __len__(self) -> int:
+        return len(self.data) // self.batch * (self.batch // self.dp)
+
+
+def lssp_worker(rank: int, world: int, pp: int, dp: int, modes: dict[str, dict], steps: int,
+                batch: int, samples: int, log_dir: str | None = None) -> dict[str, Any]:
+    """Per mode (OmniStrategy keyword arguments, ``heavy``: replica 0 loads the heavy samples):
+    losses and first-step gradients of a short fit of the token-encoder toy model, and the
+    last step's group-plan metrics; with ``log_dir``, the first mode's TensorBoard scalars."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from lightning_omni import OmniStrategy
+
+    out: dict[str, Any] = {}
+    for i, (name, kw) in enumerate(modes.items()):
+        kw = dict(kw)
+        heavy = kw.pop("heavy", False)
+        data = ToyData(samples)
+        sampler = (HeavyFirstSampler(data, batch, dp, rank // pp) if heavy else
+                   DistributedSampler(data, num_replicas=dp, rank=rank // pp, shuffle=False))
+        loader = DataLoader(data, batch_size=batch // dp, sampler=sampler)
+        strategy = OmniStrategy(pipeline_parallel=pp, data_parallel=dp, num_microbatches=4,
+                                ulysses_backend="torch", **kw)
+        logger = (TensorBoardLogger(log_dir, name="omni", version=0)
+                  if log_dir is not None and i == 0 else False)
+        rec = _Record()
+        _trainer(world, strategy, steps, [rec], logger=logger, log_every_n_steps=1).fit(
+            make_model(0, encoder="token"), loader)
+        res = {"losses": rec.losses, "grads0": rec.grads0,
+               "metrics": strategy.last_step.grouped.metrics(),
+               "bytes": strategy.last_step.record.bytes_sent}
+        if logger and rank == 0:
+            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+            acc = EventAccumulator(logger.log_dir)
+            acc.Reload()
+            res["tags"] = {t: [e.value for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+        out[name] = res
     return out
