@@ -3,8 +3,8 @@
 - ``megatron``: encoder on pipeline stage 0 with the LLM's TP (``encoder_first_stage``).
 - ``disaggregated``: a static pool of encoder GPUs feeds stage 0 (``encoder_disaggregated``).
 - ``omni``: grouped reordering across DP replicas, uniform insertion of encoder work over the
-  stages, LSSP inside each stage's GPUs (``uniform_insertion`` + ``split_microbatch`` +
-  ``plan_reorder``).
+  stages, LSSP inside each stage's GPUs (``uniform_insertion`` with stage 0 inline, built as
+  the runtime builds it, + ``split_microbatch`` + ``plan_reorder``).
 
 A simulated rank is one pipeline stage's TP group (its GPUs act in lockstep). Every DP replica
 is priced on its own microbatches; the step takes as long as the slowest replica and needs the
@@ -27,13 +27,13 @@ import numpy as np
 from .costs import BYTES_BF16, CostModel, _require
 from .interleaved import build_interleaved, check_interleaving, interleave
 from .lssp import WorkItem, split_microbatch
-from .reorder import Item, plan_reorder
 from .scenario import SYSTEMS, ParallelConfig, Prediction, Scenario
 from .schedule import (
     Action,
     Kind,
     Payload,
     Schedule,
+    assign_encoder_samples,
     encoder_disaggregated,
     encoder_first_stage,
     uniform_insertion,
@@ -410,33 +410,26 @@ class StepPricer:
         heads = 1 if "lssp" in self.off else enc.heads // cfg.encoder_tp
         uniform = "uniform_insertion" not in self.off
         cap = self.sc.hardware.memory_cap_bytes * self.sc.lssp_memory_fraction
-        shares, enc_fwd, enc_bwd, enc_mem = [], {}, {}, {}
+        enc_fwd, enc_bwd, enc_mem = {}, {}, {}
         rank_samples: dict[tuple[int, int], tuple[int, ...]] = {}
+        spread_key = ("assign", self._key, pp, uniform)
+        if spread_key not in self.d.spreads:
+            costs = [[float(self.d.enc_unit[i]) for i in mb] for mb in self.mbs]
+            if uniform:
+                # the runtime's own call (runtime.engine.build_plan): stage 0 runs its share
+                # inline, so it keeps its share of the drain microbatches too
+                samples, shares = assign_encoder_samples(costs, pp, skip_stage0_drain=False)
+            else:  # ablation: stage 0 runs all of it (over its encoder lanes)
+                samples = [[tuple(i for i, c in enumerate(row) if c > 0)] + [()] * (pp - 1)
+                           for row in costs]
+                shares = [[1.0 if any(row) else 0.0] + [0.0] * (pp - 1) for row in costs]
+            self.d.spreads[spread_key] = (samples, shares)
+        samples, shares = self.d.spreads[spread_key]
         for m, mb in enumerate(self.mbs):
-            with_enc = [i for i in mb if self.d.enc_tokens[i] > 0]
-            if not with_enc:
-                shares.append([1.0 / pp] * pp)
-                continue
-            spread_key = ("spread", self._key, pp, m, uniform)
-            if spread_key not in self.d.spreads:
-                if uniform:
-                    # the drain's microbatches skip stage 0 (see schedule.default_shares)
-                    skip0 = pp > 1 and m >= self.num_mb - pp
-                    items = [Item(i, float(self.d.enc_unit[i])) for i in with_enc]
-                    local = [[], items] if skip0 else [items, []]
-                    local += [[] for _ in range(pp - 2)]
-                    groups = [1] + [0] * (pp - 1) if skip0 else [0] * pp
-                    spread = plan_reorder(local[:pp], groups[:pp])
-                    self.d.spreads[spread_key] = (spread.load_after, spread.assignment)
-                else:  # ablation: stage 0 runs all of it (over its encoder lanes)
-                    self.d.spreads[spread_key] = (
-                        (1.0,) + (0.0,) * (pp - 1), (tuple(with_enc),) + ((),) * (pp - 1))
-            load_after, assignment = self.d.spreads[spread_key]
-            total = sum(load_after)
-            shares.append([x / total for x in load_after])
-            for r, assigned in enumerate(assignment):
-                if not assigned:
+            for r, local in enumerate(samples[m]):
+                if not local:
                     continue
+                assigned = tuple(mb[i] for i in local)
                 key = ("omni", self._key, pp, m, r, cfg.encoder_tp, lanes, heads,
                        cfg.encoder_recompute, uniform)
                 if key not in self.d.splits:
@@ -453,7 +446,8 @@ class StepPricer:
                                 cfg.vpp),
                                lambda: self._interleaved(uniform_insertion(
                                    pp, self.num_mb, shares, grad_sync=True,
-                                   sample_exchange=exchange_on)))
+                                   sample_exchange=exchange_on, samples=samples,
+                                   inline_stage0=True)))
         replicas = cfg.dp * pp * lanes
         all_samples = [i for mb in self.mbs for i in mb]
         static = [self.llm_static_bytes(s) + self.enc_static_bytes(cfg.encoder_tp, replicas)

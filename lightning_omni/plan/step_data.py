@@ -64,7 +64,7 @@ class StepData:
         self.schedules: dict[tuple, Schedule] = {}
         self.traces: dict[int, list[tuple[np.ndarray, ...]]] = {}
         self.splits: dict[tuple, tuple[float, float]] = {}
-        self.spreads: dict[tuple, tuple[tuple[float, ...], tuple[tuple[int, ...], ...]]] = {}
+        self.spreads: dict[tuple, tuple] = {}  # per replica: encoder samples and shares
         self._screen: dict[tuple, tuple[int, ...]] = {}
 
     def memory_traces(self, schedule: Schedule) -> list[tuple[np.ndarray, np.ndarray,

@@ -57,13 +57,14 @@ def test_prediction_runs_the_builders_action_lists(small):
                                                 grad_sync=True)
     omni = predict("omni", sc, cfg, cost, data)
     shares = [[0.0] * 4 for _ in range(omni.schedule.num_microbatches)]
+    samples = [[()] * 4 for _ in range(omni.schedule.num_microbatches)]
     for prog in omni.schedule.actions:
         for a in prog:
             if a.kind == Kind.ENC_FWD:
                 shares[a.microbatch][a.stage] = a.share
-    rebuilt = uniform_insertion(4, omni.schedule.num_microbatches,
-                                [s if sum(s) else [0.25] * 4 for s in shares], grad_sync=True,
-                                sample_exchange=True)
+                samples[a.microbatch][a.stage] = a.samples
+    rebuilt = uniform_insertion(4, omni.schedule.num_microbatches, shares, grad_sync=True,
+                                sample_exchange=True, samples=samples, inline_stage0=True)
     assert rebuilt.actions == omni.schedule.actions
     assert omni.schedule.actions[0][0].kind == Kind.ALLTOALL
 
