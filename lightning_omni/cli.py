@@ -58,7 +58,8 @@ def _plan(request: PlanRequest, args: argparse.Namespace) -> int:
         data = StepData(scenario, request.cost)
         for system in request.systems:
             pools = request.encoder_pools if system == "disaggregated" else None
-            best = search(system, scenario, request.cost, data, encoder_pools=pools).best
+            best = search(system, scenario, request.cost, data, encoder_pools=pools,
+                          grid=request.grid).best
             results[system].append((ratio, best))
             print(f"{ratio:5.2f}  {SYSTEM_LABELS[system]:28} {best.tokens_per_s / 1e3:9.1f} "
                   f"{best.step_seconds:8.3f} {max(best.stage_peak_memory_gb):8.1f}  "
@@ -105,7 +106,8 @@ def _run_level(request: PlanRequest, cap_gb: float) -> list[dict]:
     rows = []
     for system in request.systems:
         pools = request.encoder_pools if system == "disaggregated" else None
-        found = search_run(system, run, request.cost, design, encoder_pools=pools)
+        found = search_run(system, run, request.cost, design, encoder_pools=pools,
+                           grid=request.grid)
         pred = predict_run(system, found.config, steps, request.cost, run.name)
         row = {"system": system, "layout": str(found.config), "fits_design": found.fits,
                "tokens_per_s_mean": pred.tokens_per_s_mean,

@@ -25,7 +25,7 @@ from .plan.costs import (
     load_profile,
 )
 from .plan.run import Phase, Run
-from .plan.systems import SYSTEMS, Scenario, candidate_configs
+from .plan.systems import DEFAULT_GRID, SYSTEMS, Grid, Scenario, candidate_configs
 from .plan.workload import audio_mixture, image_text_mixture
 
 MIXTURE_KINDS = ("image_text", "audio")
@@ -156,6 +156,25 @@ class RunSpec(_Strict):
     sampled_steps: int = Field(16, ge=1, le=1000)
 
 
+class GridSpec(_Strict):
+    """Layout dimensions the search may choose from (defaults: ``plan.search.DEFAULT_GRID``)."""
+
+    tp: list[int] | None = Field(None, min_length=1)
+    pp: list[int] | None = Field(None, min_length=1)
+    vpp: list[int] | None = Field(None, min_length=1)
+
+    @field_validator("tp", "pp", "vpp")
+    @classmethod
+    def _positive(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(x < 1 for x in value):
+            raise ValueError(f"expected ints >= 1, got {value}")
+        return value
+
+    def build(self) -> Grid:
+        fields = {k: tuple(sorted(set(v))) for k, v in self.model_dump(exclude_none=True).items()}
+        return replace(DEFAULT_GRID, **fields)
+
+
 class Workload(_Strict):
     name: str = "workload"
     models: Models
@@ -168,6 +187,7 @@ class Workload(_Strict):
         default=list(SYSTEMS), min_length=1)
     disaggregated_encoder_gpus: list[int] | None = Field(None, min_length=1)
     profile: str | None = None
+    grid: GridSpec = GridSpec()
 
     @model_validator(mode="after")
     def _consistent(self) -> Workload:
@@ -199,6 +219,7 @@ class PlanRequest:
     encoder_pools: tuple[int, ...] | None = None
     run: Run | None = None
     sampled_steps: int = 16
+    grid: Grid = DEFAULT_GRID
 
 
 def _suggest(word: str, known) -> str:
@@ -311,17 +332,19 @@ def parse_workload(data: Any, base_dir: Path | None = None) -> PlanRequest:
         raise WorkloadError(str(err)) from None
     pools = tuple(w.disaggregated_encoder_gpus) if w.disaggregated_encoder_gpus else None
     sc = scenarios[0][1]
+    grid = w.grid.build()
     for system in w.systems:
-        if not candidate_configs(system, sc, pools if system == "disaggregated" else None):
+        if not candidate_configs(system, sc, pools if system == "disaggregated" else None,
+                                 grid):
             key = "disaggregated_encoder_gpus" if system == "disaggregated" and pools \
                 else "cluster.gpus"
             got = list(pools) if key != "cluster.gpus" else w.cluster.gpus
             raise WorkloadError(
-                f"{key}: expected a GPU count that some layout of {system} divides (TP and PP "
-                f"from 1, 2, 4, 8 and 1..16, at most {w.batch.global_batch} replicas), got "
-                f"{got}")
+                f"{key}: expected a GPU count that some layout of {system} divides (TP from "
+                f"{list(grid.tp)}, PP from {list(grid.pp)}, at most {w.batch.global_batch} "
+                f"replicas), got {got}")
     return PlanRequest(w.name, tuple(scenarios), tuple(w.systems), cost, timeline, pools, run,
-                       w.run.sampled_steps if w.run else 16)
+                       w.run.sampled_steps if w.run else 16, grid)
 
 
 def load_workload(path: str | Path) -> PlanRequest:

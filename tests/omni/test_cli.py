@@ -92,6 +92,10 @@ BAD = [
     ({"seed": -1}, "seed: expected greater than or equal to 0, got -1"),
     ({"run": {"phases": [{"share": 0.5, "stepz": 3}]}}, "run.phases[0].stepz: unknown key"),
     ({"profile": "bad.json"}, "profile: expected valid JSON"),
+    ({"grid": {"vp": [2]}}, "grid.vp: unknown key; expected one of ['pp', 'tp', 'vpp'], "
+                            "got 'vp'; did you mean 'vpp'?"),
+    ({"grid": {"vpp": [0, 2]}}, "grid.vpp: expected ints >= 1, got [0, 2]"),
+    ({"grid": {"tp": [3]}}, "cluster.gpus: expected a GPU count that some layout"),
 ]
 
 
@@ -129,6 +133,18 @@ def test_pinned_encoder_pool_is_used(tmp_path, capsys):
     assert main([str(path), "--no-plots", "--out-dir", str(tmp_path)]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "Disaggregated" in ln]
     assert lines and all("enc2gpu" in ln for ln in lines)
+
+
+def test_grid_from_yaml_offers_interleaved_layouts(tmp_path, capsys):
+    """``grid.vpp`` reaches the search: a layout with model chunks is printed as VPP."""
+    req = parse_workload(dict(TINY, grid={"vpp": [2, 1], "pp": [2]}))
+    assert req.grid.vpp == (1, 2) and req.grid.pp == (2,)
+    assert parse_workload(TINY).grid.vpp == (1, 2)  # the default grid
+    data = dict(TINY, systems=["megatron"], grid={"vpp": [2], "pp": [2]},
+                batch={"global_batch": 8, "seq_len": 2048})
+    assert main([str(_write(tmp_path, data)), "--no-plots", "--out-dir", str(tmp_path)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "Megatron" in ln]
+    assert lines and all("PP2 VPP2" in ln for ln in lines)
 
 
 def test_missing_file():
