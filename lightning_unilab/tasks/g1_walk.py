@@ -61,6 +61,7 @@ class G1Params:
     w_feet_air_time: float = 2.0
     w_feet_slip: float = -0.25
     w_termination: float = -1.0
+    reward_floor: float = 0.0  # the step's reward is at least this (-inf: no floor)
 
 
 def gravity(qpos: np.ndarray) -> np.ndarray:
@@ -179,7 +180,7 @@ class G1WalkFlat(NumpyTask):
                  + p.w_termination * fallen)
         memory[:, LAST_ACTION] = actions
         memory[:, STEP] += 1
-        return self.dt * total, fallen
+        return np.maximum(p.reward_floor, self.dt * total), fallen
 
     def observe_arrays(self, qpos: np.ndarray, qvel: np.ndarray, sensordata: np.ndarray,
                        memory: np.ndarray, critic: bool = True

@@ -84,3 +84,22 @@ def test_reward_terms_in_info_sum_to_the_reward() -> None:
         total = sum(info[name] for name in env.spec.info_names)
         np.testing.assert_allclose(total, reward, rtol=0, atol=1e-12)
         np.testing.assert_array_equal(info["reward_termination"] < 0, term)
+
+
+def test_reward_floor_keeps_a_falling_robot_from_preferring_to_fall() -> None:
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-1, 1, (40, 4, 29))
+    rewards = {}
+    for floor in (0.0, -np.inf):
+        env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1, params={"reward_floor": floor})
+        env.reset(seed=1)
+        steps = [env.step(a) for a in actions]
+        rewards[floor] = np.stack([s[1] for s in steps])
+        lift = np.stack([s[4]["reward_floor"] for s in steps])
+        terms = np.stack([sum(s[4][n] for n in env.spec.info_names if n != "reward_floor")
+                          for s in steps])
+        np.testing.assert_allclose(lift, np.maximum(floor, terms) - terms, atol=1e-12)
+    # random actions make penalties win: without the floor some steps are negative
+    assert (rewards[-np.inf] < 0).any()
+    assert (rewards[0.0] >= 0).all()
+    np.testing.assert_allclose(rewards[0.0], np.maximum(0.0, rewards[-np.inf]), atol=1e-12)
