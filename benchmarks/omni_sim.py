@@ -9,6 +9,7 @@ JSON ``run_rows`` (per run and system: tokens/s mean, p5, p95, OOM steps, layout
 per-mix ``rows`` (every system re-tuned for one sampled step of each mix).
 
     python benchmarks/omni_sim.py --out omni_sim.json [--quick]
+    python benchmarks/omni_sim.py --vpp-effect [--runs B,C,D]   # interleaving on and off
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -43,6 +45,7 @@ from lightning_omni.plan.run import (  # noqa: E402
 from lightning_omni.plan.scenario import OMNI_TECHNIQUES  # noqa: E402
 from lightning_omni.plan.systems import (  # noqa: E402
     CONVENTIONAL_PIPELINE_GRID,
+    DEFAULT_GRID,
     SYSTEMS,
     Grid,
     Scenario,
@@ -155,14 +158,14 @@ def make_runs(seed: int, names: tuple[str, ...]) -> dict[str, Run]:
 
 
 def run_level(run: Run, steps: int, systems: tuple[str, ...] = ALL_SYSTEMS,
-              eval_seed: int | None = None) -> list[dict]:
+              eval_seed: int | None = None, grid: Grid = DEFAULT_GRID) -> list[dict]:
     """Every system's one layout for the run, priced on ``steps`` sampled steps."""
     cost = CostModel(run.hardware)
     design = design_steps(run, cost)
     sampled = sampled_steps(run, cost, steps, run.seed + 1 if eval_seed is None else eval_seed)
     rows = []
     for system in systems:
-        found = search_run(system, run, cost, design)
+        found = search_run(system, run, cost, design, grid=grid)
         pred = predict_run(system, found.config, sampled, cost, run.name)
         rows.append({
             "run": run.name, "gpus": run.num_gpus, "system": system,
@@ -188,6 +191,24 @@ def run_speedup(rows: list[dict]) -> float:
     return omni["tokens_per_s_mean"] / max(base) if base else math.inf
 
 
+def vpp_effect(names: tuple[str, ...], seed: int, steps: int) -> list[dict]:
+    """What interleaving changes: every run searched with the default grid (vpp 1 or 2) and
+    with vpp 1 only, priced on the same sampled steps."""
+    out = []
+    runs = make_runs(seed, names)
+    for name, run in runs.items():
+        with_v = run_level(run, steps)
+        without = run_level(run, steps, grid=replace(DEFAULT_GRID, vpp=(1,)))
+        for a, b in zip(with_v, without, strict=True):
+            out.append({"run": name, "system": a["system"], "layout": a["layout"],
+                        "tokens_per_s_mean": a["tokens_per_s_mean"],
+                        "oom_steps": a["oom_steps"], "layout_vpp1": b["layout"],
+                        "tokens_per_s_mean_vpp1": b["tokens_per_s_mean"],
+                        "oom_steps_vpp1": b["oom_steps"],
+                        "gain": round(a["tokens_per_s_mean"] / b["tokens_per_s_mean"] - 1, 4)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here")
@@ -200,10 +221,34 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the per-mix secondary view")
     parser.add_argument("--per-mix-only", action="store_true",
                         help="only the per-mix secondary view")
+    parser.add_argument("--vpp-effect", action="store_true",
+                        help="only the run level with and without interleaved pipelines")
+    parser.add_argument("--runs", default=None,
+                        help="comma-separated runs (default: all; --quick: A)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     steps = args.steps or (4 if args.quick else 16)
     names = ("A",) if args.quick else tuple(WORKLOADS) + tuple(f"C-{k}" for k in LONG_SEQ)
+    if args.runs:
+        names = tuple(args.runs.split(","))
+        known = tuple(WORKLOADS) + tuple(f"C-{k}" for k in LONG_SEQ)
+        bad = [n for n in names if n not in known]
+        if bad:
+            parser.error(f"--runs: expected names from {known}, got {bad}")
+    if args.vpp_effect:
+        rows = vpp_effect(names, args.seed, steps)
+        print(f"{'run':7} {'system':15} {'tok/s':>10} {'vpp1 tok/s':>11} {'gain':>7}  "
+              f"layout | layout with vpp 1 only")
+        for r in rows:
+            print(f"{r['run']:7} {r['system']:15} {r['tokens_per_s_mean']:10.0f} "
+                  f"{r['tokens_per_s_mean_vpp1']:11.0f} {r['gain']:+7.1%}  {r['layout']} | "
+                  f"{r['layout_vpp1']}")
+        result = {"vpp_effect": rows, "steps_per_run": steps,
+                  "seconds": round(time.perf_counter() - start, 1)}
+        print(f"simulated in {result['seconds']} s")
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2))
+        return 0
     if args.per_mix_only:
         result = per_mix(args.seed)
         _print_table(result["rows"])
@@ -279,8 +324,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _replace_run(run: Run, **changes) -> Run:
-    from dataclasses import replace
-
     return replace(run, **changes)
 
 
