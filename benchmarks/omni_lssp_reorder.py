@@ -181,7 +181,28 @@ def _batched(enc, mine, sids):
     return dict(zip(sids, encoder_many(enc, [mine[s] for s in sids]), strict=True))
 
 
-def _worker(rank: int, world: int, port: int, cfg: dict, out_dir: str) -> None:
+def config(quick: bool) -> dict:
+    """The heavy-tailed mixtures (also used by ``omni_runtime.py``'s engine-level run)."""
+    cfg = dict(long=2048, short=24, shorts=24, warmup=2, steps=6, reorder_samples=8,
+               reorder_long=512, reorder_short=32, per_sample=False)
+    if quick:
+        cfg.update(long=1536, shorts=16, warmup=1, steps=3, reorder_samples=6, reorder_long=384)
+    return cfg
+
+
+def run_two(worker, cfg: dict, name: str) -> dict:
+    """``worker(rank, port, cfg, out_dir)`` on 2 spawned processes; rank 0 writes ``name``."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / "build" / "torch_extensions"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(worker, args=(port, cfg, d), nprocs=2, start_method="spawn")
+        return json.loads((Path(d) / name).read_text())
+
+
+def _worker(rank: int, port: int, cfg: dict, out_dir: str) -> None:
+    world = 2
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -207,17 +228,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer, smaller steps (< 60 s)")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args()
-    cfg = dict(long=2048, short=24, shorts=24, warmup=2, steps=6, reorder_samples=8,
-               reorder_long=512, reorder_short=32, per_sample=False)
-    if args.quick:
-        cfg.update(long=1536, shorts=16, warmup=1, steps=3, reorder_samples=6, reorder_long=384)
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / "build" / "torch_extensions"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(_worker, args=(2, port, cfg, d), nprocs=2, start_method="spawn")
-        res = json.loads((Path(d) / "result.json").read_text())
+    cfg = config(args.quick)
+    res = run_two(_worker, cfg, "result.json")
     res["config"] = cfg
     res["load_average_1min_after"] = os.getloadavg()[0]  # others' work skews the timings
     res["speedup_lssp"] = res["step_ms_dp_only"] / res["step_ms_lssp"]

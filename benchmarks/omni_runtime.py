@@ -6,7 +6,22 @@ For each schedule: the measured step time, stage 0's peak saved activations, the
 bubble fraction, and the step the simulator predicts for the same plan priced with this run's
 per-action timings (median over the measured steps).
 
-    python benchmarks/omni_runtime.py [--quick] [--out FILE.json] [--plot FILE.png]
+Second part, LSSP and grouped reordering through the same engine (PP1 x DP2, one thread per
+process, a transformer encoder feeding a light per-token LLM so the encoder work dominates):
+
+* ``step_ms_dp_only`` / ``step_ms_lssp``: each replica's batch is a heavy-tailed mixture (one
+  very long sample among short ones); DP-only balances whole samples over the two ranks
+  (``reorder=True``), LSSP also runs the long one Ulysses sequence parallel over both
+  (``lssp=True, reorder=True``);
+* ``step_ms_no_reorder`` / ``step_ms_reorder``: replica 0 loads the long samples, replica 1 the
+  short ones; without reordering each encodes its own, with it the plan moves samples;
+  ``encoder_imbalance_before/after``: max/mean per-rank encoder cost of the reorder plan (cost
+  model fitted in the same run, ``omni_lssp_reorder.calibrate``);
+* ``cpu_ms_*``: the slowest rank's process CPU time per step (on a shared machine the wall time
+  says more about the neighbours than about the plan).
+
+    python benchmarks/omni_runtime.py [--quick] [--part pipeline|lssp|all] [--out FILE.json]
+                                      [--plot FILE.png]
 """
 
 from __future__ import annotations
@@ -34,6 +49,8 @@ from lightning_omni.runtime import OmniEngine, make_layout
 from lightning_omni.runtime.metrics import measured_costs
 from lightning_omni.spec import Modality, OmniSpec
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))  # omni_lssp_reorder: encoder, rows, calibration
 SCHEDULES = ("encoder_first_stage", "uniform_insertion")
 HIDDEN, HEADS, SEQ, VOCAB = 192, 4, 128, 64  # a light head: the two stages weigh the same
 IMG_IN, IMG_TOKENS = 48, 96  # image rows per sample (placeholders in the sequence)
@@ -279,12 +296,187 @@ def plot(detail: dict, path: str) -> None:
 TARGETS = {"speedup": 1.2, "stage0_memory_ratio": 1.25, "prediction_error": 0.15}
 
 
+# -- LSSP and grouped reordering through OmniEngine (PP1 x DP2) -----------------------------
+LSSP_HIDDEN, LSSP_VOCAB = 16, 32
+
+
+class TokenMlp(nn.Module):
+    """A per-token LLM block: the LLM's cost stays linear in the (padded) sequence, so the
+    encoder work, whose placement is what this part measures, dominates the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(LSSP_HIDDEN)
+        self.mlp = nn.Sequential(nn.Linear(LSSP_HIDDEN, 2 * LSSP_HIDDEN), nn.GELU(),
+                                 nn.Linear(2 * LSSP_HIDDEN, LSSP_HIDDEN))
+
+    def forward(self, h: Tensor) -> Tensor:
+        return h + self.mlp(self.ln(h))
+
+
+def _lssp_loss(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    labels = batch["labels"]
+    total = F.cross_entropy(logits.reshape(-1, LSSP_VOCAB), labels.reshape(-1),
+                            ignore_index=-100, reduction="sum")
+    return total, (labels != -100).sum()
+
+
+def make_lssp_spec() -> OmniSpec:
+    from omni_lssp_reorder import DIM as ENC_DIM
+    from omni_lssp_reorder import HEADS, IN_DIM, LAYERS
+
+    from lightning_omni.runtime.token_encoder import TokenEncoder
+
+    torch.manual_seed(0)
+    enc = TokenEncoder(IN_DIM, ENC_DIM, HEADS, LAYERS, out_dim=LSSP_HIDDEN)
+    return OmniSpec([Modality("image", enc, "image", "image_len", IMG_ID)],
+                    nn.Embedding(LSSP_VOCAB, LSSP_HIDDEN), [TokenMlp()],
+                    nn.Linear(LSSP_HIDDEN, LSSP_VOCAB), _lssp_loss)
+
+
+def make_rows_batch(lengths: list[int], seed: int) -> dict[str, Tensor]:
+    """Samples with ``lengths`` encoder rows each (placeholders first), then 8 text tokens."""
+    from omni_lssp_reorder import IN_DIM, _rows
+
+    b, rows, text = len(lengths), max(lengths), 8
+    tokens = torch.randint(2, LSSP_VOCAB, (b, rows + text),
+                           generator=torch.Generator().manual_seed(seed))
+    labels = torch.full_like(tokens, -100)
+    image = torch.zeros(b, rows, IN_DIM)
+    for i, n in enumerate(lengths):
+        tokens[i, :n] = IMG_ID
+        tokens[i, n:rows] = 0
+        labels[i, rows:-1] = tokens[i, rows + 1:]
+        image[i, :n] = _rows(seed * 1000 + i, n)
+    return {"tokens": tokens, "labels": labels, "image": image,
+            "image_len": torch.tensor(lengths)}
+
+
+def lssp_batches(rank: int, cfg: dict) -> dict[str, list[int]]:
+    """Per mode, the encoder rows of this replica's samples (see the module docstring)."""
+    shorts = [cfg["short"] + (i * 7) % cfg["short"] for i in range(cfg["shorts"])]
+    mixture = [cfg["long"], *shorts[1:]] if rank == 0 else shorts
+    uneven = ([cfg["reorder_long"] + 8 * i for i in range(cfg["reorder_samples"])] if rank == 0
+              else [cfg["reorder_short"] + 4 * i for i in range(cfg["reorder_samples"])])
+    return {"dp_only": mixture, "lssp": mixture, "no_reorder": uneven, "reorder": uneven}
+
+
+def _lssp_worker(rank: int, port: int, cfg: dict, out_dir: str) -> None:
+    from omni_lssp_reorder import calibrate
+
+    from lightning_omni.plan.lssp_schedule import GroupOptions
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=300))
+    spec = make_lssp_spec()
+    box = [calibrate(spec.modalities[0].encoder, 64, cfg["long"]) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)  # one plan everywhere needs one cost model
+    cost = box[0]
+    heads = spec.modalities[0].encoder.heads
+    modes = {"dp_only": (False, True), "lssp": (True, True), "no_reorder": None,
+             "reorder": (False, True)}
+    result: dict = {"cost_model": [cost.seconds_per_token, cost.seconds_per_token_pair]}
+    for name, lengths in lssp_batches(rank, cfg).items():
+        flags = modes[name]
+        opts = None if flags is None else GroupOptions(
+            flags[0], flags[1], (0, 0), (heads,), cost.seconds_per_token,
+            cost.seconds_per_token_pair)
+        spec = make_lssp_spec()
+        layout = make_layout(2, rank, 1, 2, spec.costs_of_blocks())
+        engine = OmniEngine(spec, layout, "uniform_insertion", 1, timedelta(seconds=300),
+                            torch.device("cpu"), opts, cfg["backend"])
+        params = [p for m in (spec.embedding, spec.head, *spec.blocks,
+                              spec.modalities[0].encoder) for p in m.parameters()]
+        opt = torch.optim.SGD(params, lr=1e-3)
+        wall, cpu = [], []
+        for i in range(cfg["warmup"] + cfg["steps"]):
+            batch = make_rows_batch(lengths, i)
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            opt.zero_grad()
+            res = engine.step(batch)
+            opt.step()
+            dt = torch.tensor([time.perf_counter() - t0, time.process_time() - c0])
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            if i >= cfg["warmup"]:
+                wall.append(float(dt[0]))
+                cpu.append(float(dt[1]))
+        result[f"step_ms_{name}"] = 1e3 * statistics.median(wall)
+        result[f"cpu_ms_{name}"] = 1e3 * statistics.median(cpu)
+        if res.grouped is not None:
+            m = res.grouped.metrics()
+            result[f"long_samples_{name}"] = m["lssp/long_samples"]
+            if name == "reorder":
+                result["encoder_imbalance_before"] = m["reorder/imbalance_before"]
+                result["encoder_imbalance_after"] = m["reorder/imbalance_after"]
+                result["samples_moved"] = m["reorder/samples_moved"]
+            sent = torch.tensor([float(res.record.bytes_sent)])
+            dist.all_reduce(sent)
+            result[f"bytes_exchanged_{name}"] = float(sent)
+    if rank == 0:
+        (Path(out_dir) / "lssp.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_lssp_reorder(quick: bool) -> dict:
+    from omni_lssp_reorder import config, run_two
+
+    cfg = {**config(quick), "backend": "auto"}
+    res = run_two(_lssp_worker, cfg, "lssp.json")
+    res["lssp_config"] = cfg
+    for kind in ("step_ms", "cpu_ms"):
+        pre = "" if kind == "step_ms" else "cpu_"
+        res[f"{pre}speedup_lssp"] = res[f"{kind}_dp_only"] / res[f"{kind}_lssp"]
+        res[f"{pre}speedup_reorder"] = res[f"{kind}_no_reorder"] / res[f"{kind}_reorder"]
+    return res
+
+
+LSSP_TARGETS = [("LSSP vs DP-only (wall)", "speedup_lssp", 1.2, ">="),
+                ("reorder vs none (wall)", "speedup_reorder", 1.3, ">="),
+                ("imbalance after reordering", "encoder_imbalance_after", 1.1, "<=")]
+
+
+def report_lssp_reorder(res: dict) -> None:
+    print(f"\n{'LSSP / reordering (PP1 x DP2)':34s} {'wall ms':>9s} {'cpu ms':>9s}")
+    for name in ("dp_only", "lssp", "no_reorder", "reorder"):
+        print(f"{name:34s} {res[f'step_ms_{name}']:9.1f} {res[f'cpu_ms_{name}']:9.1f}")
+    print(f"{'speedup LSSP (wall / cpu)':34s} {res['speedup_lssp']:9.2f} "
+          f"{res['cpu_speedup_lssp']:9.2f}")
+    print(f"{'speedup reorder (wall / cpu)':34s} {res['speedup_reorder']:9.2f} "
+          f"{res['cpu_speedup_reorder']:9.2f}")
+    print(f"{'encoder imbalance before -> after':34s} {res['encoder_imbalance_before']:9.3f} "
+          f"{res['encoder_imbalance_after']:9.3f}")
+    for label, key, target, op in LSSP_TARGETS:
+        ok = res[key] >= target if op == ">=" else res[key] <= target
+        print(f"{label:34s} {res[key]:6.3f} (target {op} {target}) {'OK' if ok else 'MISSED'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer measured steps (~1 min)")
     ap.add_argument("--out", help="write the numbers as JSON")
     ap.add_argument("--plot", help="write measured vs simulated timelines (PNG)")
+    ap.add_argument("--part", choices=("pipeline", "lssp", "all"), default="all",
+                    help="the pipelined schedules, LSSP/reordering, or both")
     args = ap.parse_args(argv)
+    summary: dict = {"load_average_1min_before": os.getloadavg()[0]}
+    if args.part in ("pipeline", "all"):
+        summary.update(_pipeline_part(args))
+    if args.part in ("lssp", "all"):
+        lssp = run_lssp_reorder(args.quick)
+        report_lssp_reorder(lssp)
+        summary.update(lssp)
+    summary["load_average_1min_after"] = os.getloadavg()[0]  # others' work skews timings
+    summary["command"] = " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])])
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        Path(args.out).write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def _pipeline_part(args) -> dict:
     summary, detail = run(args.quick)
     print(f"{'schedule':22s} {'step ms':>9s} {'pred ms':>9s} {'err':>7s} {'bubble':>7s} "
           f"{'st0 act MB':>10s} {'st1 act MB':>10s} {'enc/stage':>9s}")
@@ -306,13 +498,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:34s} {value:6.3f} (target {op} {target}) {'OK' if ok else 'MISSED'}")
     summary["bubble_fraction"] = {s: summary[f"bubble_fraction_{s}"] for s in SCHEDULES}
     summary["predicted_step_ms"] = {s: summary[f"predicted_step_ms_{s}"] for s in SCHEDULES}
-    summary["command"] = " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])])
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        Path(args.out).write_text(json.dumps(summary, indent=2))
     if args.plot:
         plot(detail, args.plot)
-    return 0
+    return summary
 
 
 if __name__ == "__main__":
