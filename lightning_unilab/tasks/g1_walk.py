@@ -61,6 +61,7 @@ class G1Params:
     w_feet_air_time: float = 2.0
     w_feet_slip: float = -0.25
     w_termination: float = -1.0
+    w_alive: float = 0.0
     reward_floor: float = 0.0  # the step's reward is at least this (-inf: no floor)
 
 
@@ -177,7 +178,7 @@ class G1WalkFlat(NumpyTask):
         total = (p.w_tracking_lin_vel * lin + p.w_tracking_ang_vel * ang + p.w_lin_vel_z * linz
                  + p.w_ang_vel_xy * angxy + p.w_orientation * orient + p.w_torques * torque
                  + p.w_action_rate * rate + p.w_feet_air_time * air + p.w_feet_slip * slip
-                 + p.w_termination * fallen)
+                 + p.w_termination * fallen + p.w_alive * ~fallen)
         memory[:, LAST_ACTION] = actions
         memory[:, STEP] += 1
         return np.maximum(p.reward_floor, self.dt * total), fallen

@@ -103,3 +103,12 @@ def test_reward_floor_keeps_a_falling_robot_from_preferring_to_fall() -> None:
     assert (rewards[-np.inf] < 0).any()
     assert (rewards[0.0] >= 0).all()
     np.testing.assert_allclose(rewards[0.0], np.maximum(0.0, rewards[-np.inf]), atol=1e-12)
+
+
+def test_alive_bonus_is_paid_on_every_step_that_does_not_fall() -> None:
+    env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1, params={"w_alive": 2.0})
+    env.reset(seed=1)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        _, _, term, _, info = env.step(rng.uniform(-1, 1, (4, 29)))
+        np.testing.assert_allclose(info["reward_alive"], np.where(term, 0.0, 2.0 * 0.02))

@@ -49,7 +49,7 @@ class G1WalkFlat : public Task {
     spec_.info_names = {"reward_tracking_lin_vel", "reward_tracking_ang_vel", "reward_lin_vel_z",
                         "reward_ang_vel_xy",       "reward_orientation",      "reward_torques",
                         "reward_action_rate",      "reward_feet_air_time",    "reward_feet_slip",
-                        "reward_termination",      "reward_floor"};
+                        "reward_termination",      "reward_alive",            "reward_floor"};
 
     action_scale_ = p.Get("action_scale", 0.5);
     joint_noise_ = p.Get("reset_joint_noise", 0.1);
@@ -75,6 +75,7 @@ class G1WalkFlat : public Task {
     w_air_ = p.Get("w_feet_air_time", 2.0);
     w_slip_ = p.Get("w_feet_slip", -0.25);
     w_term_ = p.Get("w_termination", -1.0);
+    w_alive_ = p.Get("w_alive", 0.0);
     // The step's reward is at least this (MuJoCo Playground's joystick tasks and legged_gym's
     // only_positive_rewards use 0): with penalties outweighing the tracking terms early on, a
     // negative per-step reward makes falling at once the best policy.
@@ -154,15 +155,17 @@ class G1WalkFlat : public Task {
 
     const mjtNum total = w_lin_ * lin + w_ang_ * ang + w_linz_ * linz + w_angxy_ * angxy +
                          w_orient_ * orient + w_torque_ * torque + w_rate_ * rate +
-                         w_air_ * air + w_slip_ * slip + w_term_ * (fallen ? 1.0 : 0.0);
+                         w_air_ * air + w_slip_ * slip + w_term_ * (fallen ? 1.0 : 0.0) +
+                         w_alive_ * (fallen ? 0.0 : 1.0);
     out->reward = std::max(reward_floor_, dt_ * total);
     out->terminated = fallen;
     if (mjtNum* info = out->info) {
       const mjtNum terms[] = {w_lin_ * lin,   w_ang_ * ang,       w_linz_ * linz, w_angxy_ * angxy,
                               w_orient_ * orient, w_torque_ * torque, w_rate_ * rate,
-                              w_air_ * air,   w_slip_ * slip,     w_term_ * (fallen ? 1.0 : 0.0)};
-      for (int k = 0; k < 10; ++k) info[k] = dt_ * terms[k];
-      info[10] = out->reward - dt_ * total;  // what the floor added: the terms sum to the reward
+                              w_air_ * air,   w_slip_ * slip,     w_term_ * (fallen ? 1.0 : 0.0),
+                              w_alive_ * (fallen ? 0.0 : 1.0)};
+      for (int k = 0; k < 11; ++k) info[k] = dt_ * terms[k];
+      info[11] = out->reward - dt_ * total;  // what the floor added: the terms sum to the reward
     }
     for (int i = 0; i < kJoints; ++i) memory[kLastAction + i] = action[i];
     memory[kStep] += 1;
@@ -212,7 +215,7 @@ class G1WalkFlat : public Task {
       cos_max_tilt_, sigma_, air_threshold_;
   double command_low_[3], command_high_[3];
   double w_lin_, w_ang_, w_linz_, w_angxy_, w_orient_, w_torque_, w_rate_, w_air_, w_slip_,
-      w_term_, reward_floor_;
+      w_term_, w_alive_, reward_floor_;
   mjtNum home_[7 + kJoints];
   int gyro_, local_linvel_, global_linvel_, foot_linvel_[2], foot_contact_[2];
 };
