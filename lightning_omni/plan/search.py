@@ -36,9 +36,10 @@ class Grid:
 
 
 DEFAULT_GRID = Grid()
-# A conventionally configured pipeline: no uneven first stage, all-or-nothing recompute.
+# A conventionally configured pipeline: no uneven first stage, all-or-nothing recompute
+# (interleaving, a standard Megatron-LM option, kept).
 CONVENTIONAL_PIPELINE_GRID = Grid(pp=(2, 4, 8, 16), recompute=((False, False), (True, True)),
-                                  stage0_fractions=(1.0,), vpp=(1,))
+                                  stage0_fractions=(1.0,))
 
 
 def vpp_choices(scenario: Scenario, pp: int, dp: int, cut: float, grid: Grid) -> list[int]:

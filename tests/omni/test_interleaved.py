@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lightning_omni.plan.costs import BYTES_BF16, H100_80G, CostModel, TransformerConfig
 from lightning_omni.plan.interleaved import (
@@ -20,6 +22,7 @@ from lightning_omni.plan.schedule import (
     BUILDERS,
     Kind,
     Payload,
+    assign_encoder_samples,
     check_schedule,
     for_replicas,
     max_in_flight,
@@ -143,6 +146,24 @@ def test_encoder_work_keeps_its_placement(name, p, v, n):
                 assert i < at[Kind.LLM_FWD, a.microbatch, 0], str(a)
             if rank == 0 and a.kind == Kind.SEND and a.payload == Payload.FEATURE_GRAD:
                 assert i > at[Kind.LLM_BWD, a.microbatch, 0], str(a)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_sample_plans_interleave_without_deadlock(data):
+    """Uniform insertion from per-sample encoder costs (microbatches without encoder input,
+    ranks without samples), with or without stage 0 inline, as pricing and the runtime build
+    it: the interleaved schedule still runs to completion with completion points."""
+    p = data.draw(st.integers(2, 4))
+    n = p * data.draw(st.integers(1, 3))
+    v = data.draw(st.integers(2, 3))
+    inline = data.draw(st.booleans())
+    costs = [data.draw(st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0]), min_size=1, max_size=4))
+             for _ in range(n)]
+    samples, shares = assign_encoder_samples(costs, p, skip_stage0_drain=not inline)
+    sched = build_interleaved("uniform_insertion", p, n, v, shares=shares, samples=samples,
+                              inline_stage0=inline, sample_exchange=True, grad_sync=True)
+    check_schedule(with_completion_points(sched))
 
 
 def test_inline_stage0_interleaves():
