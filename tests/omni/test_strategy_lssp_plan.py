@@ -110,3 +110,30 @@ def test_replicas_must_match_in_shape():
     lengths = ((((1, 0), (2, 0)),), (((1, 0),),))
     with pytest.raises(ValueError, match="lengths"):
         build_grouped_plan("uniform_insertion", 1, lengths, _opts(False, True, (0, 0)))
+
+
+def test_strategy_refuses_bad_lssp_options():
+    import torch
+    from omni_models import make_model
+
+    from lightning_omni import OmniStrategy
+
+    for kw, match in (({"lssp_max_rows": 0}, "lssp_max_rows"),
+                      ({"encoder_cost": (-1.0, 0.0)}, "encoder_cost"),
+                      ({"ulysses_backend": "nccl"}, "ulysses_backend")):
+        with pytest.raises(ValueError, match=match):
+            OmniStrategy(**kw)
+    strategy = OmniStrategy(lssp=True)
+    strategy.parallel_devices = [torch.device("cpu")] * 2
+    strategy.spec = make_model(0).configure_omni()  # plain encoders: no heads, no attention=
+    with pytest.raises(ValueError, match=r"modalities\[image\].encoder: lssp=True needs"):
+        strategy._group_options()
+    strategy = OmniStrategy(reorder=True, locality_groups=[0, 0, 1])
+    strategy.parallel_devices = [torch.device("cpu")] * 2
+    strategy.spec = make_model(0).configure_omni()
+    with pytest.raises(ValueError, match="locality_groups: expected one group id per rank"):
+        strategy._group_options()
+    strategy = OmniStrategy(reorder=True)  # reordering alone: any encoder
+    strategy.parallel_devices = [torch.device("cpu")] * 2
+    strategy.spec = make_model(0).configure_omni()
+    assert strategy._group_options().locality == (0, 0)
