@@ -13,6 +13,9 @@ RTOL, ATOL = 1e-7, 1e-12
 MODES = {
     "lssp": {"lssp": True, "lssp_max_rows": 3},
     "reorder": {"reorder": True, "heavy": True, "encoder_cost": (1.0, 0.5)},
+    # both at once, all encoder work on stage 0's data-parallel group
+    "both": {"lssp": True, "reorder": True, "heavy": True, "lssp_max_rows": 3,
+             "schedule": "encoder_first_stage"},
 }
 
 
@@ -64,7 +67,11 @@ def test_the_runs_split_and_moved_samples(fixture, request):
     assert reorder["lssp/long_samples"] == 0
     assert reorder["reorder/samples_moved"] > 0
     assert reorder["reorder/imbalance_after"] < reorder["reorder/imbalance_before"]
-    assert all(r[m]["bytes"] > 0 for r in ranks for m in MODES)
+    both = ranks[0]["both"]["metrics"]
+    assert both["lssp/long_samples"] >= 4
+    assert both["reorder/imbalance_after"] < both["reorder/imbalance_before"]
+    # every rank of a group exchanges bytes (encoder_first_stage: only stage 0's)
+    assert all(r[m]["bytes"] > 0 for r in ranks for m in ("lssp", "reorder"))
 
 
 def test_metrics_reach_tensorboard(pp1_dp2):
