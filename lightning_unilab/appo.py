@@ -351,13 +351,17 @@ class APPOModule(pl.LightningModule):
                 self.log("learner/skipped_slots", float(self.skipped_slots))
                 return
         start = time.perf_counter()
-        slot = self.prepare(batch)
-        self._update(slot)
+        # the slot's statistics go in before the update, so the first update already sees
+        # normalized inputs (raw ones made its KL explode and the adaptive lr collapse); the
+        # pre-update policy is evaluated under the same statistics, and the off-policy weights
+        # absorb the behaviour policy's older ones
         obs_moments = self._moments(batch["obs"])
         critic_moments = self._moments(batch["critic_obs"])
         if self._policy.normalize_obs:
             self._policy.obs_normalizer.update_moments(*obs_moments)
             self._policy.critic_normalizer.update_moments(*critic_moments)
+        slot = self.prepare(batch)
+        self._update(slot)
         self.policy_version += 1
         self._refresh_target()
         update_s = time.perf_counter() - start
