@@ -114,6 +114,7 @@ class APPOModule(pl.LightningModule):
         lr: Adam learning rate (the start value when adaptive). adaptive_lr: rsl_rl-style
             schedule on ``desired_kl``: lr /= 1.5 when KL > 2 * target, lr *= 1.5 when
             KL < target / 2, kept in [lr_min, lr_max]; KL of the pre-update policy to the current.
+            It moves the actor's lr only; the critic trains at ``critic_lr`` (default: ``lr``).
         epochs, minibatches: passes over the slot and minibatches per pass.
         max_grad_norm: global gradient-norm clip (None: off).
         max_policy_lag: skip slots whose weights are more than this many updates old (None: off).
@@ -148,6 +149,7 @@ class APPOModule(pl.LightningModule):
         desired_kl: float = 0.01,
         lr_min: float = 1e-5,
         lr_max: float = 1e-2,
+        critic_lr: float | None = None,
         epochs: int = 5,
         minibatches: int = 4,
         max_grad_norm: float | None = 1.0,
@@ -171,6 +173,8 @@ class APPOModule(pl.LightningModule):
         _in_range("value_loss_coef", value_loss_coef, 0.0, math.inf)
         _in_range("entropy_coef", entropy_coef, 0.0, math.inf)
         _in_range("lr", lr, 0.0, math.inf, low_open=True)
+        if critic_lr is not None:
+            _in_range("critic_lr", critic_lr, 0.0, math.inf, low_open=True)
         if adaptive_lr:
             _in_range("desired_kl", desired_kl, 0.0, math.inf, low_open=True)
             _in_range("lr_min", lr_min, 0.0, math.inf, low_open=True)
@@ -250,7 +254,15 @@ class APPOModule(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         assert self.policy is not None, "setup() builds the policy"
-        return torch.optim.Adam(self.policy.parameters(), lr=self.hparams.lr)
+        # two groups: the adaptive lr is a trust region on the policy, so it moves the actor's
+        # lr only; tying the critic to it starves the value fit when a small action std keeps
+        # the actor's lr near lr_min, and the advantages go stale as returns grow
+        hp, policy = self.hparams, self.policy
+        return torch.optim.Adam([
+            {"params": [*policy.actor.parameters(), policy.log_std], "lr": hp.lr},
+            {"params": list(policy.critic.parameters()),
+             "lr": hp.critic_lr if hp.critic_lr is not None else hp.lr},
+        ])
 
     # ------------------------------------------------------------------ the update
 
@@ -410,8 +422,7 @@ class APPOModule(pl.LightningModule):
     def _adapt_lr(self, kl: float) -> None:
         hp = self.hparams
         lr = adapted_lr(self._lr(), kl, hp.desired_kl, hp.lr_min, hp.lr_max)
-        for group in self._optimizer().param_groups:
-            group["lr"] = lr
+        self._optimizer().param_groups[0]["lr"] = lr  # the actor's group
 
     # ------------------------------------------------------------------ helpers
 

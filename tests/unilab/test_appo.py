@@ -257,6 +257,19 @@ def test_ratio_forms_agree_on_policy(pendulum_batch):
     assert losses[0] == pytest.approx(losses[2], rel=1e-5)
 
 
+def test_adaptive_lr_moves_the_actor_group_only(pendulum_batch):
+    policy, batch, spec = pendulum_batch
+    module = APPOModule(policy=_copy(policy), lr=0.05, critic_lr=2e-3, desired_kl=1e-4,
+                        **SMALL)
+    _fit(module, FixedBatches([batch], spec))
+    actor, critic = module._optimizer().param_groups
+    assert actor["lr"] < 0.05  # a huge step overshoots the KL target: the actor's lr falls
+    assert critic["lr"] == 2e-3
+    ids = [id(p) for g in (actor, critic) for p in g["params"]]
+    assert sorted(ids) == sorted(id(p) for p in module.policy.parameters())
+    assert id(module.policy.log_std) in {id(p) for p in actor["params"]}
+
+
 def test_target_network_follows_the_policy(pendulum_batch):
     policy, batch, spec = pendulum_batch
     module = APPOModule(policy=_copy(policy), target_network=True, target_tau=0.5,
