@@ -429,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--plot-dir", default=str(ROOT / "docs" / "unilab" / "img"))
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the finished (algo, seed) runs already in --out and run the "
+                             "rest (default: start afresh; old runs may be of older code)")
     parser.add_argument("--stop-at-threshold", action="store_true",
                         help="end a run when it reaches the threshold (saves time; curves stop)")
     parser.add_argument("--quick", action="store_true",
@@ -467,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
-    if out.exists():  # resume: keep finished runs of the same task
+    if args.resume and out.exists():  # keep finished runs of the same task
         try:
             old = json.loads(out.read_text())
             runs = [r for r in old.get("runs", []) if r.get("task") == args.task]
