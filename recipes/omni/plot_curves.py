@@ -30,13 +30,13 @@ def scalars(logdir: str, *tags: str) -> tuple[list[int], list[float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("runs", nargs="+", help="LOGDIR:GLOBAL_BATCH")
+    ap.add_argument("runs", nargs="+", help="LOGDIR:GLOBAL_BATCH[:LABEL]")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.6))
     for run in args.runs:
-        logdir, batch = run.rsplit(":", 1)
-        label = Path(logdir).parent.name
+        logdir, batch, *name = run.split(":", 2)
+        label = name[0] if name else Path(logdir).parent.name
         steps, loss = scalars(logdir, "omni/loss", "train/loss")
         ax_loss.plot([s * int(batch) for s in steps], loss, label=label)
         steps, acc = scalars(logdir, "train/caption_acc")
