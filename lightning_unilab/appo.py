@@ -512,6 +512,8 @@ class APPOModule(pl.LightningModule):
             self.log("rollout/return", self.return_mean.compute(), prog_bar=True)
             self.log("rollout/episode_length", self.length_mean.compute())
             logs["rollout/episode_return"] = ret
+        for name, value in stats.get("step_info", {}).items():  # reward terms etc., per step
+            logs[f"step_info/{name}"] = float(value)
         self.log_dict(logs)
         if "env_steps_per_s" in stats:
             self.log("env_steps/s", float(stats["env_steps_per_s"]), prog_bar=True, logger=False)

@@ -3,7 +3,7 @@
     collector = Collector(CollectorConfig("InvertedPendulum-v5", num_envs=64, horizon=32), policy)
     collector.start()                        # spawns the process, returns once it is stepping
     slot, wait_s = collector.acquire()       # oldest ready rollout (raises if the process died)
-    batch = as_tensors(collector.ring.arrays(slot), wait_s)
+    batch = as_tensors(collector.ring.arrays(slot), wait_s, collector.spec.info_names)
     ...; collector.release(slot)
     collector.publish(policy)                # new weights; the collector loads them next rollout
     collector.stop()                         # joins the process, unlinks the shared memory
@@ -214,8 +214,7 @@ class Collector:
             env = config.make_env(num_envs=1, threads=1)
             spec = RolloutSpec.from_env(env, config.horizon)
             env.close()
-        spec = RolloutSpec(config.num_envs, config.horizon, spec.obs_size, spec.critic_size,
-                           spec.action_size)
+        spec = spec.resized(config.num_envs, config.horizon)
         check_policy(policy, spec, config.task)
         Ring.check_config(spec, num_slots, writer_policy)
         self.config, self.spec = config, spec

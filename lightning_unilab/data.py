@@ -158,9 +158,7 @@ class RolloutDataModule(pl.LightningDataModule):
                 self._spec = RolloutSpec.from_env(env, self.config.horizon)
             finally:
                 env.close()
-            self._spec = RolloutSpec(self.config.num_envs, self.config.horizon,
-                                     self._spec.obs_size, self._spec.critic_size,
-                                     self._spec.action_size)
+            self._spec = self._spec.resized(self.config.num_envs, self.config.horizon)
             Ring.check_config(self._spec, self.num_slots, self.writer_policy)
         return self._spec
 
@@ -244,7 +242,7 @@ class RolloutDataModule(pl.LightningDataModule):
             raise RuntimeError("RolloutDataModule: the collector was stopped")
         start = time.perf_counter()
         arrays = collector.ring.arrays(slot)
-        batch = as_tensors(arrays, wait_s)
+        batch = as_tensors(arrays, wait_s, collector.spec.info_names)
         if self.zero_copy:
             held.append(slot)
         else:

@@ -32,6 +32,9 @@ episodes_total      [] int64          episodes ended since the collector started
 recent_return_mean  [] f64            mean return of this rollout's episodes, or of the latest
 recent_length_mean  [] f64            rollout that had any (NaN before the first episode ends)
 collect_s           [] f64            wall time of :func:`collect` for this rollout
+info_mean           [K] f64           mean over the T*N steps of each of the task's K named
+                                      per-step diagnostics (``info_names``: reward terms,
+                                      velocities ...); only when the task has any
 ==================  ================  =====================================================
 
 Auto-reset is the env's ``same_step`` mode: when step t ends an episode, ``obs[t+1]`` is already
@@ -50,10 +53,14 @@ scalars with exactly these keys, which the learner logs:
 - ``policy_version``: version of the weights that produced the rollout (int)
 - ``seq``: rollout number (int)
 - ``wait_s``: time the reader waited for this rollout (float; 0.0 in-process)
+- ``step_info``: ``{name: mean per step}`` of the task's diagnostics (``info_mean`` under the
+  spec's ``info_names``; empty when the task has none or the caller passed no names). A reward
+  term's mean per step shows what the policy gets better at while episodes grow longer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +75,7 @@ __all__ = ["RolloutSpec", "RolloutState", "as_tensors", "collect", "STATS_KEYS"]
 ALIGN = 64  # every field starts on a cache line: no false sharing, aligned atomics in headers
 
 STATS_KEYS = ("episodes", "episodes_total", "episode_return_mean", "episode_length_mean",
-              "env_steps", "env_steps_per_s", "policy_version", "seq", "wait_s")
+              "env_steps", "env_steps_per_s", "policy_version", "seq", "wait_s", "step_info")
 
 _SCALARS: dict[str, type] = {
     "policy_version": np.int64, "seq": np.int64, "env_steps": np.int64, "episodes": np.int64,
@@ -93,6 +100,7 @@ class RolloutSpec:
     obs_size: int
     critic_size: int
     action_size: int
+    info_names: tuple[str, ...] = ()  # the task's per-step diagnostics, averaged per rollout
 
     def __post_init__(self) -> None:
         hint = {"num_envs": " (N: envs per collector)", "horizon": " (T: steps per rollout)"}
@@ -101,12 +109,20 @@ class RolloutSpec:
                 _positive(name, getattr(self, name))
             except ValueError as err:
                 raise ValueError(f"{err}{hint.get(name, '')}") from None
+        names = self.info_names
+        if not isinstance(names, tuple) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"info_names: expected a tuple of str, got {names!r}")
 
     @classmethod
     def from_env(cls, env: TaskVectorEnv, horizon: int) -> RolloutSpec:
         spec = env.spec
         return cls(num_envs=env.num_envs, horizon=horizon, obs_size=spec.obs_size,
-                   critic_size=spec.critic_size or spec.obs_size, action_size=spec.action_size)
+                   critic_size=spec.critic_size or spec.obs_size, action_size=spec.action_size,
+                   info_names=tuple(spec.info_names))
+
+    def resized(self, num_envs: int, horizon: int) -> RolloutSpec:
+        """The same task's layout for another number of envs and steps."""
+        return dataclasses.replace(self, num_envs=num_envs, horizon=horizon)
 
     def fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """{name: (shape, dtype)} in layout order (see the module doc)."""
@@ -128,6 +144,8 @@ class RolloutSpec:
         }
         for name, dtype in _SCALARS.items():
             out[name] = ((), np.dtype(dtype))
+        if self.info_names:
+            out["info_mean"] = ((len(self.info_names),), np.dtype(np.float64))
         return out
 
     def layout(self) -> dict[str, tuple[int, tuple[int, ...], np.dtype]]:
@@ -211,6 +229,8 @@ def _check_arrays(env: TaskVectorEnv, arrays: dict[str, np.ndarray]) -> int:
     want = RolloutSpec.from_env(env, max(horizon, 1)).fields()
     for name, (shape, dtype) in want.items():
         arr = arrays.get(name)
+        if name == "info_mean" and arr is None:
+            continue  # diagnostics are optional: a layout without them just does not report them
         if not isinstance(arr, np.ndarray) or arr.shape != shape or arr.dtype != dtype:
             got = f"{arr.dtype}{list(arr.shape)}" if isinstance(arr, np.ndarray) else repr(arr)
             raise ValueError(f"arrays[{name!r}]: expected {dtype}{list(shape)} for this env, "
@@ -236,6 +256,8 @@ def collect(
     start = time.perf_counter()
     tens = {name: torch.from_numpy(arr) for name, arr in arrays.items() if arr.ndim}
     buf = state.buffers
+    info_mean = arrays.get("info_mean")
+    info_sum = np.zeros(len(env.spec.info_names)) if info_mean is not None else None
     ret_sum, len_sum, episodes = 0.0, 0, 0
     critic_is_obs = buf.critic is None
     for t in range(horizon):
@@ -257,6 +279,8 @@ def collect(
         np.copyto(arrays["rewards"][t], buf.reward, casting="same_kind")
         done = buf.terminated | buf.truncated
         np.copyto(arrays["final_critic_obs"][t], state.final_critic, casting="same_kind")
+        if info_sum is not None and buf.info is not None:
+            info_sum += buf.info.sum(axis=0)
         if done.any():
             episodes += int(done.sum())
             ret_sum += float(buf.episode_return[done].sum())
@@ -280,14 +304,24 @@ def collect(
     }
     for name, value in scalars.items():
         arrays[name][()] = value
+    if info_mean is not None and info_sum is not None:
+        info_mean[:] = info_sum / (horizon * env.num_envs)
     state.seq += 1
     return arrays
 
 
-def stats_of(arrays: dict[str, np.ndarray], wait_s: float = 0.0) -> dict[str, float | int]:
+def stats_of(arrays: dict[str, np.ndarray], wait_s: float = 0.0,
+             info_names: tuple[str, ...] = ()) -> dict[str, Any]:
     """The ``"stats"`` dict of :func:`as_tensors` (keys in ``STATS_KEYS``)."""
     n = arrays["rewards"].size
     collect_s = float(arrays["collect_s"])
+    info = arrays.get("info_mean")
+    if info_names and (info is None or info.shape != (len(info_names),)):
+        got = None if info is None else info.shape
+        raise ValueError(f"info_names: {len(info_names)} names, but the batch's info_mean has "
+                         f"shape {got}")
+    step_info = ({name: float(v) for name, v in zip(info_names, info, strict=True)}
+                 if info_names else {})
     return {
         "episodes": int(arrays["episodes"]),
         "episodes_total": int(arrays["episodes_total"]),
@@ -298,16 +332,20 @@ def stats_of(arrays: dict[str, np.ndarray], wait_s: float = 0.0) -> dict[str, fl
         "policy_version": int(arrays["policy_version"]),
         "seq": int(arrays["seq"]),
         "wait_s": float(wait_s),
+        "step_info": step_info,
     }
 
 
-def as_tensors(arrays: dict[str, np.ndarray], wait_s: float = 0.0) -> dict[str, Any]:
+def as_tensors(arrays: dict[str, np.ndarray], wait_s: float = 0.0,
+               info_names: tuple[str, ...] = ()) -> dict[str, Any]:
     """Zero-copy torch tensors of the batch fields (not the scalars) plus ``"stats"``.
+
+    ``info_names`` (the spec's) name the entries of ``stats["step_info"]``.
 
     The tensors share memory with ``arrays``: if these are a ring slot, use them only while the
     slot is held (the DataModule takes care of that).
     """
     out: dict[str, Any] = {name: torch.from_numpy(arr) for name, arr in arrays.items()
-                           if arr.ndim and name not in _SCALARS}
-    out["stats"] = stats_of(arrays, wait_s)
+                           if arr.ndim and name not in _SCALARS and name != "info_mean"}
+    out["stats"] = stats_of(arrays, wait_s, info_names)
     return out

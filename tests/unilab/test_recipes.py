@@ -53,6 +53,9 @@ def test_recipe_trains_two_rollouts_and_evaluates(recipe: str, tmp_path: Path) -
         acc.Reload()
         tags |= set(acc.Tags()["scalars"])
     assert {"rollout/env_steps", "learner/policy_version", "eval/return"} <= tags
+    # the task's reward terms, as means per step of each rollout, reach TensorBoard
+    info_names = module._datamodule().rollout_spec.info_names
+    assert info_names and {f"step_info/{name}" for name in info_names} <= tags
     summary = json.loads((log_dir / "evaluation" / "episode.json").read_text())
     assert 1 <= summary["length"] <= 12 and np.isfinite(summary["return"])
     assert len(summary["rewards"]) == summary["length"]

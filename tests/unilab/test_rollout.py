@@ -98,3 +98,41 @@ def test_wrong_arrays_are_rejected(pendulum):
                         action_size=1).allocate()
     with pytest.raises(ValueError, match="arrays\\['obs'\\]"):
         collect(pendulum, policy, wrong, state)
+
+
+def test_info_mean_is_the_mean_per_step_of_the_task_diagnostics():
+    env = TaskVectorEnv("HalfCheetah-v5", 4, 1)
+    ref = TaskVectorEnv("HalfCheetah-v5", 4, 1)
+    spec = RolloutSpec.from_env(env, 6)
+    assert spec.info_names == tuple(env.spec.info_names) and "reward_ctrl" in spec.info_names
+    policy = ActorCritic(spec.obs_size, spec.critic_size, spec.action_size, (8,), (8,))
+    state = RolloutState.start(env, seed=3)
+    arrays = collect(env, policy, spec.allocate(), state)
+    ref.reset(seed=3)
+    rows = []
+    for t in range(6):  # the same actions through a plain env: its info, averaged by hand
+        _, _, _, _, info = ref.step(arrays["actions"][t])
+        rows.append([info[name] for name in spec.info_names])
+    np.testing.assert_allclose(arrays["info_mean"], np.mean(rows, axis=(0, 2)), rtol=1e-12)
+    stats = as_tensors(arrays, info_names=spec.info_names)["stats"]
+    assert "info_mean" not in as_tensors(arrays)
+    terms = stats["step_info"]
+    assert list(terms) == list(spec.info_names)
+    # the reward terms add up to the reward: a column mix-up would break this
+    assert terms["reward_forward"] + terms["reward_ctrl"] == pytest.approx(
+        float(arrays["rewards"].astype(np.float64).mean()), rel=1e-5)
+    assert as_tensors(arrays)["stats"]["step_info"] == {}
+    with pytest.raises(ValueError, match="info_names"):
+        as_tensors(arrays, info_names=("a",))
+    env.close()
+    ref.close()
+
+
+def test_resized_keeps_the_task_diagnostics(pendulum):
+    spec = RolloutSpec.from_env(pendulum, 4).resized(num_envs=8, horizon=2)
+    assert (spec.num_envs, spec.horizon) == (8, 2)
+    assert spec.info_names == ("reward_survive",)
+    assert spec.allocate()["info_mean"].shape == (1,)
+    with pytest.raises(ValueError, match="info_names"):
+        RolloutSpec(num_envs=1, horizon=1, obs_size=1, critic_size=1, action_size=1,
+                    info_names=["a"])
