@@ -380,12 +380,24 @@ def plot(task: str, runs: list[dict[str, Any]], out_dir: Path, threshold: float 
     return [str(path)]
 
 
-RUN_TAGS = ("rollout/episode_length", "rollout/return", "learner/policy_lag", "learner/lr")
+RUN_TAGS = ("rollout/episode_length", "rollout/return", "learner/policy_lag", "learner/lr",
+            "step_info/reward_tracking_lin_vel", "step_info/reward_tracking_ang_vel")
+SMOOTH = 25  # rollouts in the running mean drawn over per-rollout series (step_info/*)
 
 
-def plot_run(log_dir: str, path: Path) -> dict[str, list[list[float]]]:
-    """Curves of one recipe run from its TensorBoard log (``--plot-run``): episode length,
-    return, policy lag and learning rate against wall time; returns the series plotted."""
+def _running_mean(values: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_run(log_dir: str, path: Path, tags: tuple[str, ...] = RUN_TAGS
+             ) -> dict[str, list[list[float]]]:
+    """Curves of one recipe run from its TensorBoard log (``--plot-run``) against wall time:
+    episode length, return, policy lag, learning rate and, where the task logs them, the
+    velocity-tracking reward per step (with a running mean); returns the series plotted."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -396,15 +408,27 @@ def plot_run(log_dir: str, path: Path) -> dict[str, list[list[float]]]:
     acc.Reload()
     have = set(acc.Tags()["scalars"])
     series = {}
-    for tag in RUN_TAGS:
+    for tag in tags:
         if tag in have:
             events = acc.Scalars(tag)
             start = events[0].wall_time
             series[tag] = [[round(e.wall_time - start, 2), float(e.value)] for e in events]
-    fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.2), squeeze=False)
-    for ax, (tag, points) in zip(axes[0], series.items(), strict=True):
+    if not series:
+        raise ValueError(f"--plot-run: no scalars {list(tags)} in {log_dir!r} (found "
+                         f"{sorted(have)[:8]})")
+    cols = min(len(series), 3)
+    rows = -(-len(series) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[len(series):]:
+        ax.set_visible(False)
+    for ax, (tag, points) in zip(axes.flat, series.items(), strict=False):
         xs, ys = zip(*points, strict=True)
-        ax.plot(xs, ys)
+        if tag.startswith("step_info/"):  # one value per rollout: noisy, so add a running mean
+            ax.plot(xs, ys, lw=0.5, alpha=0.4)
+            ax.plot(xs, _running_mean(list(ys), SMOOTH), label=f"mean of {SMOOTH} rollouts")
+            ax.legend(fontsize=7)
+        else:
+            ax.plot(xs, ys)
         ax.set_title(tag, fontsize=9)
         ax.set_xlabel("wall time (s)")
         if tag == "learner/lr":

@@ -79,3 +79,24 @@ def test_seconds_long_run_writes_the_schema(lc, tmp_path: Path) -> None:
         assert ttt is None or ttt in walls
     assert set(doc["summary"]) == {"appo", "sb3_ppo"}
     assert doc["config"]["threshold"] == 950.0
+
+
+def test_running_mean_over_a_window(lc) -> None:
+    assert lc._running_mean([2.0, 4.0, 6.0, 8.0], 2) == [2.0, 3.0, 5.0, 7.0]
+    assert lc._running_mean([1.0, 2.0, 3.0], 5) == [1.0, 1.5, 2.0]
+
+
+def test_plot_run_reads_a_tensorboard_log(lc, tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "log"))
+    for step in range(5):
+        writer.add_scalar("rollout/episode_length", 10.0 * step, step)
+        writer.add_scalar("step_info/reward_tracking_lin_vel", 0.1 * step, step)
+    writer.close()
+    series = lc.plot_run(str(tmp_path / "log"), tmp_path / "run.png")
+    assert list(series) == ["rollout/episode_length", "step_info/reward_tracking_lin_vel"]
+    assert [p[1] for p in series["rollout/episode_length"]] == [0.0, 10.0, 20.0, 30.0, 40.0]
+    assert (tmp_path / "run.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="no scalars"):
+        lc.plot_run(str(tmp_path / "log"), tmp_path / "none.png", tags=("x/y",))
