@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_unilab.collector import Collector, CollectorConfig
+from lightning_unilab.randomization import Randomization
 from lightning_unilab.ring import Ring
 from lightning_unilab.rollout import RolloutSpec, as_tensors
 
@@ -101,6 +102,9 @@ class RolloutDataModule(pl.LightningDataModule):
         task: task name (``lightning_unilab.tasks.task_names()``).
         num_envs, horizon: N envs x T steps per rollout.
         task_kwargs: further TaskVectorEnv keywords (``params``, ``nonfinite``, ...).
+        randomization: reset-time domain randomization (a
+            :class:`~lightning_unilab.randomization.Randomization`, e.g. ``G1Randomization``),
+            passed to the env; a recipe names it by ``class_path``.
         num_slots: ring slots (>= 2: one read while one is written).
         writer_policy: "block" (default) or "overwrite_oldest".
         mode: "async" (APPO) or "sync" (the collector waits for the latest weights: PPO).
@@ -116,6 +120,7 @@ class RolloutDataModule(pl.LightningDataModule):
         num_envs: int = 64,
         horizon: int = 32,
         task_kwargs: dict[str, Any] | None = None,
+        randomization: Randomization | None = None,
         num_slots: int = 4,
         writer_policy: str = "block",
         mode: str = "async",
@@ -127,7 +132,16 @@ class RolloutDataModule(pl.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.task = task
-        self.config = CollectorConfig(task, num_envs, horizon, dict(task_kwargs or {}),
+        env_kwargs = dict(task_kwargs or {})
+        if randomization is not None:
+            if env_kwargs.get("randomization") is not None:
+                raise ValueError("randomization: given both as an argument and in task_kwargs; "
+                                 "keep one")
+            if not callable(randomization):
+                raise TypeError(f"randomization: expected a Randomization (callable as "
+                                f"(rng, ids) -> draws), got {type(randomization).__name__}")
+            env_kwargs["randomization"] = randomization
+        self.config = CollectorConfig(task, num_envs, horizon, env_kwargs,
                                       collector_threads, seed, mode)
         self.config.check()
         from lightning_unilab import tasks

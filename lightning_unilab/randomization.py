@@ -3,25 +3,26 @@
 ``TaskVectorEnv(randomization=fn)`` takes a function; the collector process receives its env's
 keywords by pickling, and ``lightning_unilab.tasks.g1_walk.randomization()`` returns a closure,
 which pickles neither into a spawned process nor out of a YAML file. :class:`G1Randomization`
-holds only the ranges and builds that function on first use in the process that steps the env:
+holds only the ranges and builds that function on first use in the process that steps the env.
+A recipe names any :class:`Randomization` subclass under the data module's ``randomization``:
 
     data:
       task: g1-walk-flat
-      task_kwargs:
-        randomization:
-          class_path: lightning_unilab.randomization.G1Randomization
-          init_args: {friction: [0.4, 1.0], mass_scale: [0.9, 1.1], kp_scale: [0.9, 1.1]}
+      randomization:
+        class_path: lightning_unilab.randomization.G1Randomization
+        init_args: {friction: [0.4, 1.0], mass_scale: [0.9, 1.1], kp_scale: [0.9, 1.1]}
 """
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["G1Randomization"]
+__all__ = ["G1Randomization", "Randomization"]
 
 Range = Sequence[float] | None
 
@@ -38,7 +39,16 @@ def _range(name: str, value: Range) -> tuple[float, float] | None:
     return low, high
 
 
-class G1Randomization:
+class Randomization(abc.ABC):
+    """What a recipe's ``randomization`` names: picklable, called as ``(rng, env ids) ->
+    {pool model field: values for those envs}`` at every episode start of those envs."""
+
+    @abc.abstractmethod
+    def __call__(self, rng: np.random.Generator, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Draws for the envs ``ids``."""
+
+
+class G1Randomization(Randomization):
     """Per-env, per-episode friction, link-mass scale and kp (kd) scale of the G1.
 
     Args: ``[low, high]`` uniform ranges, or None to leave a field alone; see

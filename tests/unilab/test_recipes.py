@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -82,8 +83,15 @@ def test_g1_recipe_randomizes_per_env_and_survives_pickling() -> None:
     cfg = yaml.safe_load((ROOT / "recipes" / "unilab" / "g1_walk_flat.yaml").read_text())
     parser = ArgumentParser()
     parser.add_class_arguments(RolloutDataModule, "data")
-    dm = parser.instantiate(parser.parse_object({"data": cfg["data"]})).data
-    rand = pickle.loads(pickle.dumps(dm.config.task_kwargs["randomization"]))  # as the collector
+    with warnings.catch_warnings(record=True) as caught:  # a typed argument: no deprecated form
+        warnings.simplefilter("always")
+        dm = parser.instantiate(parser.parse_object({"data": cfg["data"]})).data
+    assert not [w for w in caught if "deprecat" in str(w.message).lower()]
+    from lightning_unilab.randomization import G1Randomization
+
+    given = dm.config.task_kwargs["randomization"]
+    assert isinstance(given, G1Randomization) and given.ranges["friction"] == (0.4, 1.0)
+    rand = pickle.loads(pickle.dumps(given))  # as the collector receives it
     env = TaskVectorEnv("g1-walk-flat", 6, 1, randomization=rand, seed=3)
     env.reset(seed=3)
     base = env.model
@@ -95,7 +103,14 @@ def test_g1_recipe_randomizes_per_env_and_survives_pickling() -> None:
 
 
 def test_randomization_rejects_bad_ranges() -> None:
+    from lightning_unilab.data import RolloutDataModule
     from lightning_unilab.randomization import G1Randomization
+
+    with pytest.raises(ValueError, match="randomization: given both"):
+        RolloutDataModule("g1-walk-flat", randomization=G1Randomization(),
+                          task_kwargs={"randomization": G1Randomization()})
+    with pytest.raises(TypeError, match="randomization"):
+        RolloutDataModule("g1-walk-flat", randomization=0.5)
 
     with pytest.raises(ValueError, match="mass_scale"):
         G1Randomization(mass_scale=[1.1, 0.9])
