@@ -15,12 +15,14 @@ Batch conventions (a dict of tensors, all with the batch dimension first):
   the others (so any subset of samples may be encoded anywhere);
 - ``scatter_features`` puts the valid rows, sample by sample, at the placeholders;
 - ``loss(logits, batch) -> (sum, count)``: the loss summed over a (micro)batch and the number of
-  terms; the step's loss is the global sum over the global count.
+  terms; the step's loss is the global sum over the global count;
+- ``metrics[name](logits, batch) -> (sum, count)``: more per-step values, reduced the same way
+  (e.g. token accuracy); the strategy hands them, with the loss, to Lightning's batch-end hooks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +56,8 @@ class OmniSpec:
     tokens: str = "tokens"
     # relative cost of one block (default: its parameter count), for balancing the stages
     block_costs: Sequence[float] | None = None
+    metrics: Mapping[str, Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, Tensor]]] = \
+        field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     def validate(self, pipeline_parallel: int) -> None:
@@ -76,6 +80,10 @@ class OmniSpec:
         for m in self.modalities:
             _expect(isinstance(m.encoder, nn.Module), f"modalities[{m.name}].encoder",
                     "an nn.Module", type(m.encoder).__name__)
+        for name, fn in dict(self.metrics).items():
+            _expect(isinstance(name, str) and name != "loss" and callable(fn),
+                    f"metrics[{name!r}]", "a callable (logits, batch) -> (sum, count) under a "
+                    "name other than 'loss'", type(fn).__name__)
         if self.block_costs is not None:
             _expect(len(self.block_costs) == len(blocks) and all(c > 0 for c in self.block_costs),
                     "block_costs", f"{len(blocks)} positive numbers", list(self.block_costs))
@@ -86,7 +94,8 @@ class OmniSpec:
         return [float(sum(p.numel() for p in b.parameters())) or 1.0 for b in self.blocks]
 
     def check_batch(self, batch: dict[str, Tensor]) -> None:
-        """Data checks on a real batch: keys, sizes and placeholder counts."""
+        """Data checks on every batch (a few comparisons over the token ids): keys, sizes,
+        lengths within the padded inputs, placeholder counts equal to the lengths."""
         _expect(isinstance(batch, dict), "batch", "a dict of tensors", type(batch).__name__)
         keys = [self.tokens] + [k for m in self.modalities for k in (m.inputs, m.lengths)]
         for k in keys:
@@ -100,17 +109,24 @@ class OmniSpec:
                     f"shape [{tokens.shape[0]}]", tuple(lengths.shape))
             _expect(x.shape[0] == tokens.shape[0] and x.dim() >= 2, f"batch[{m.inputs!r}]",
                     f"shape [{tokens.shape[0]}, L, ...]", tuple(x.shape))
+            bad = ((lengths < 0) | (lengths > x.shape[1])).nonzero()
+            if bad.numel():
+                i = int(bad[0, 0])
+                raise OmniSpecError(
+                    f"batch: sample {i} has {m.lengths}={int(lengths[i])}; expected 0 to "
+                    f"{x.shape[1]} (the padded rows of batch[{m.inputs!r}])")
             placeholders = (tokens == m.token_id).sum(dim=1)
             if not torch.equal(placeholders, lengths.to(placeholders.dtype)):
-                bad = int((placeholders != lengths).nonzero()[0, 0])
+                i = int((placeholders != lengths).nonzero()[0, 0])
                 raise OmniSpecError(
-                    f"batch: sample {bad} has {int(placeholders[bad])} {m.name!r} placeholder "
-                    f"tokens (id {m.token_id}) but {m.lengths}={int(lengths[bad])}; they must "
-                    "be equal")
+                    f"batch: sample {i} has {int(placeholders[i])} {m.name!r} placeholder "
+                    f"tokens (id {m.token_id}) in batch[{self.tokens!r}] but "
+                    f"{m.lengths}={int(lengths[i])}; they must be equal")
 
     @torch.no_grad()
-    def check_shapes(self, batch: dict[str, Tensor]) -> None:
-        """Run one sample through every part and check that the parts connect."""
+    def check_shapes(self, batch: dict[str, Tensor], with_loss: bool = True) -> Probe:
+        """Run one sample through every part (under the caller's precision context), check
+        that the parts connect, and return what the runtime sizes its messages with."""
         one = {k: v[:1] for k, v in batch.items() if isinstance(v, Tensor)}
         h = _call("embedding", self.embedding, one[self.tokens])
         _expect(isinstance(h, Tensor) and h.dim() == 3 and h.shape[:2] == one[self.tokens].shape,
@@ -124,17 +140,35 @@ class OmniSpec:
                     and f.shape[1] >= n, f"modalities[{m.name}].encoder",
                     f"output [B, L>={n}, hidden={h.shape[-1]}] (the embedding's width)",
                     _shape(f))
+        feature_dtype, dtypes = h.dtype, []
         for i, b in enumerate(self.blocks):
             out = _call(f"blocks[{i}]", b, h)
             _expect(isinstance(out, Tensor) and out.shape == h.shape, f"blocks[{i}]",
                     f"output of its input's shape {tuple(h.shape)}", _shape(out))
             h = out
+            dtypes.append(h.dtype)
         logits = _call("head", self.head, h)
         _expect(isinstance(logits, Tensor) and logits.shape[:2] == h.shape[:2], "head",
                 f"output [B, T, ...] with B, T = {tuple(h.shape[:2])}", _shape(logits))
-        res = _call("loss", self.loss, logits, one)
-        _expect(isinstance(res, tuple) and len(res) == 2, "loss", "a (sum, count) pair",
-                type(res).__name__)
+        if with_loss:
+            res = _call("loss", self.loss, logits, one)
+            _expect(isinstance(res, tuple) and len(res) == 2, "loss", "a (sum, count) pair",
+                    type(res).__name__)
+        return Probe(int(h.shape[-1]), feature_dtype, tuple(dtypes), tuple(logits.shape[2:]),
+                     logits.dtype)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one sample through the parts shows: the hidden width, the dtype features are
+    scattered in (the embedding's output), each block's output dtype (a stage boundary's
+    message dtype) and the head's output per token (predict messages)."""
+
+    hidden: int
+    feature_dtype: torch.dtype
+    block_dtypes: tuple[torch.dtype, ...]
+    logits_shape: tuple[int, ...]
+    logits_dtype: torch.dtype
 
 
 def scatter_features(h: Tensor, tokens: Tensor, token_id: int, features: Tensor) -> Tensor:

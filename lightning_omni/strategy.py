@@ -1,28 +1,35 @@
 """OmniStrategy: Lightning glue around ``lightning_omni.runtime``.
 
 It reuses DDPStrategy's process launch and process-group setup (gloo on CPU, NCCL on GPU),
-leaves the module unwrapped, and replaces the epoch loop's automatic optimization with one
-that runs a pipelined step (``OmniEngine``) inside the optimizer's closure, so Lightning's
-optimizer, LR scheduler, checkpoint and logging machinery stay as they are.
+leaves the module unwrapped, and answers Lightning's public Strategy hooks with pipelined
+steps: ``training_step`` runs one whole step (forwards and backwards of every microbatch) and
+hands Lightning the global loss, ``backward`` puts the step's gradients in place, and
+``validation_step``/``test_step``/``predict_step`` run the same plan without its backward
+half. Lightning's optimizer, LR scheduler, clipping, precision, checkpoint and logging
+machinery stay as they are; the few options that cannot mean what they mean in a plain run are
+refused at setup (``checks.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
-from functools import partial
 from typing import Any
 
-import torch
 import torch.distributed as dist
-from lightning.pytorch.loops.optimization.automatic import ClosureResult, _AutomaticOptimization
+from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
 
+from .checks import check_module, check_precision, check_trainer
 from .plan.lssp_schedule import GroupOptions
 from .runtime import checkpoint as ckpt
 from .runtime.engine import SCHEDULES, OmniEngine, StepResult
+from .runtime.executor import StepMode
 from .runtime.layout import make_layout
 from .runtime.metrics import step_metrics
+from .runtime.splittable import splittable_heads
 from .runtime.ulysses import BACKENDS
 from .spec import OmniSpec, get_spec
 
@@ -117,28 +124,64 @@ class OmniStrategy(DDPStrategy):
         return {"num_replicas": self.data_parallel or 1,
                 "rank": self.global_rank // self.pipeline_parallel}
 
-    # -- model: no wrapper; build the runtime and install the pipelined loop --------------
-    def configure_ddp(self) -> None:
-        trainer = self.lightning_module.trainer
+    # -- precision: Lightning's plugin, checked, with clipping over the whole model ----------
+    @property
+    def precision_plugin(self) -> Precision:
+        return super().precision_plugin
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Precision | None) -> None:
+        if plugin is not None and not isinstance(plugin, _GlobalClipping):
+            check_precision(plugin)
+            plugin = _with_global_clipping(plugin, self)
+        self._precision_plugin = plugin
+
+    def clip_grad_norm(self, max_norm: float) -> Tensor | None:
+        """``clip_grad_norm_`` over the whole pipelined model (Lightning's
+        ``gradient_clip_val`` with the norm algorithm lands here)."""
+        return self.engine.clip_grad_norm(max_norm) if self.engine is not None else None
+
+    # -- model: no wrapper; one engine per module and layout ----------------------------------
+    def setup(self, trainer) -> None:
+        assert self.accelerator is not None
+        self.accelerator.setup(trainer)
         module = self.lightning_module
-        if not module.automatic_optimization:
-            raise ValueError("OmniStrategy: expected automatic_optimization=True (the pipelined "
-                             "step computes gradients itself), got manual optimization")
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError("accumulate_grad_batches: expected 1 with OmniStrategy (use "
-                             f"num_microbatches), got {trainer.accumulate_grad_batches}")
+        check_trainer(trainer, self)
+        check_module(module)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self.engine = self._engine_for(module)
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+
+    def _engine_for(self, module) -> OmniEngine:
+        """This strategy's engine; a module already split by another OmniStrategy of the same
+        layout keeps that one (its other stages' parameters are gone)."""
+        key = (self._world(), self.global_rank, self.pipeline_parallel, self.data_parallel,
+               self.schedule, self.num_microbatches, self.lssp, self.reorder)
+        if self.engine is not None:
+            return self.engine
+        previous = getattr(module, "_omni_engine", None)
+        if previous is not None:
+            if previous[0] != key:
+                raise ValueError(
+                    f"{type(module).__name__}: this module was already split into pipeline "
+                    f"stages by another OmniStrategy ({_describe(previous[0])}) and holds only "
+                    f"its stage's parameters; expected {_describe(key)}. Reuse that "
+                    "OmniStrategy (or Trainer), or build a new module and load a consolidated "
+                    "checkpoint (lightning_omni.runtime.consolidate)")
+            return previous[1]
         self.spec = get_spec(module)
         self.spec.validate(self.pipeline_parallel)
         layout = make_layout(self._world(), self.global_rank, self.pipeline_parallel,
                              self.data_parallel, self.spec.costs_of_blocks(), self.stage_blocks)
-        self.engine = OmniEngine(self.spec, layout, self.schedule, self.num_microbatches,
-                                 self.omni_timeout, self.root_device, self._group_options(),
-                                 self.ulysses_backend)
-        epoch_loop = trainer.fit_loop.epoch_loop
-        old = epoch_loop.automatic_optimization
-        loop = _OmniOptimization(trainer, self)
-        loop.optim_progress = old.optim_progress  # keep counters (checkpoint/resume)
-        epoch_loop.automatic_optimization = loop
+        engine = OmniEngine(self.spec, layout, self.schedule, self.num_microbatches,
+                            self.omni_timeout, self.root_device, self._group_options(),
+                            self.ulysses_backend)
+        engine.sync_parameters()
+        module.__dict__["_omni_engine"] = (key, engine)
+        return engine
 
     def _group_options(self) -> GroupOptions | None:
         """Encoder group actions (LSSP / grouped reordering), or None: per-replica plans."""
@@ -152,15 +195,8 @@ class OmniStrategy(DDPStrategy):
             if len(locality) != world:
                 raise ValueError(f"locality_groups: expected one group id per rank ({world}), "
                                  f"got {len(locality)}")
-        heads = []
-        for m in self.spec.modalities:
-            h = getattr(m.encoder, "heads", None)
-            if self.lssp and not (isinstance(h, int) and h >= 1):
-                raise ValueError(f"modalities[{m.name}].encoder: lssp=True needs an encoder "
-                                 "with an int `heads` attribute whose forward accepts "
-                                 "`attention=` (e.g. lightning_omni.runtime.token_encoder."
-                                 f"TokenEncoder), got {type(m.encoder).__name__}")
-            heads.append(h if isinstance(h, int) and self.lssp else 0)
+        # only encoders that declare ``splittable_rows`` are split; others run unsplit (heads 0)
+        heads = [splittable_heads(m.encoder) if self.lssp else 0 for m in self.spec.modalities]
         cap = self.lssp_max_rows if self.lssp_max_rows is not None else float("inf")
         return GroupOptions(self.lssp, self.reorder, locality, tuple(heads),
                             self.encoder_cost[0], self.encoder_cost[1], float(cap))
@@ -182,11 +218,58 @@ class OmniStrategy(DDPStrategy):
                                  f"not divisible by num_microbatches={self.num_microbatches}; "
                                  "use drop_last=True or a matching dataset size")
 
-    def pre_backward(self, closure_loss: torch.Tensor) -> None:
-        pass
+    # -- steps: Lightning's public Strategy hooks ----------------------------------------------
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int, *args: Any) -> dict:
+        """One pipelined step: every microbatch's forward and backward. Lightning zeroes the
+        gradients between ``training_step`` and ``backward``, so they wait aside until
+        ``backward`` puts them back."""
+        trainer = self.lightning_module.trainer
+        result = self.engine.step(batch, StepMode.TRAIN, self.precision_plugin.train_step_context,
+                                  where=f"training step {trainer.global_step}")
+        self.last_step = result
+        self._step_grads = [(p, p.grad) for p in self.engine.executor.owned_params()]
+        for p, _ in self._step_grads:
+            p.grad = None
+        if trainer.logger is not None and trainer.global_step % trainer.log_every_n_steps == 0:
+            metrics = step_metrics(result, self.engine.layout)
+            if dist.get_rank() == 0:
+                trainer.logger.log_metrics(metrics, step=trainer.global_step)
+        return self._outputs(result)
 
-    def post_backward(self, closure_loss: torch.Tensor) -> None:
-        pass
+    def backward(self, closure_loss: Tensor, optimizer, *args: Any, **kwargs: Any) -> Tensor:
+        """The gradients were computed by ``training_step``; run the precision plugin's and
+        the module's backward hooks around putting them in place."""
+        module = self.lightning_module
+        closure_loss = self.precision_plugin.pre_backward(closure_loss, module)
+        for p, grad in self._step_grads:
+            p.grad = grad
+        self._step_grads = []
+        return self.precision_plugin.post_backward(closure_loss, module)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int, *args: Any) -> dict:
+        return self._evaluate(batch, self.precision_plugin.val_step_context,
+                              f"validation batch {batch_idx}")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int, *args: Any) -> dict:
+        return self._evaluate(batch, self.precision_plugin.test_step_context,
+                              f"test batch {batch_idx}")
+
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int, *args: Any) -> Tensor:
+        """The head's output for this replica's batch, in batch order, on every stage."""
+        result = self.engine.step(batch, StepMode.PREDICT,
+                                  self.precision_plugin.predict_step_context,
+                                  where=f"predict batch {batch_idx}")
+        return result.outputs
+
+    def _evaluate(self, batch: dict[str, Tensor], context, where: str) -> dict:
+        return self._outputs(self.engine.step(batch, StepMode.EVAL, context, where=where))
+
+    def _outputs(self, result: StepResult) -> dict[str, Tensor]:
+        """What the module's ``*_batch_end`` hooks get: the global loss (as the plain run's
+        ``training_step`` would return it) and the spec's metrics."""
+        out = {"loss": result.loss.to(self.root_device)}
+        out.update({k: v.to(self.root_device) for k, v in result.metrics.items()})
+        return out
 
     # -- checkpoints: one shard per stage ---------------------------------------------------
     def lightning_module_state_dict(self) -> dict[str, Any]:
@@ -236,36 +319,31 @@ class OmniStrategy(DDPStrategy):
                                    "multiplexing with a pipelined step")
 
 
-class _OmniOptimization(_AutomaticOptimization):
-    """Automatic optimization whose closure runs one pipelined step (zero grad included)."""
+def _describe(key: tuple) -> str:
+    world, rank, pp, dp, schedule, micro, lssp, reorder = key
+    return (f"rank {rank} of {world}, pipeline_parallel={pp}, data_parallel={dp}, "
+            f"schedule={schedule!r}, num_microbatches={micro}, lssp={lssp}, reorder={reorder}")
 
-    def __init__(self, trainer, strategy: OmniStrategy) -> None:
-        super().__init__(trainer)
-        self._omni = strategy
 
-    def _make_step_fn(self, kwargs):
-        return partial(self._pipelined_step, kwargs)
+class _GlobalClipping:
+    """Mixed into the precision plugin Lightning chose: clipping by norm uses the norm of the
+    whole pipelined model (every parameter counted once), as ``clip_grad_norm_`` on the plain
+    module would. Clipping by value is elementwise, so the plugin's own is already exact."""
 
-    def _make_backward_fn(self, optimizer):
-        return None
+    omni_strategy: OmniStrategy
 
-    def _make_zero_grad_fn(self, batch_idx, optimizer):
-        return None
+    def clip_grad_by_norm(self, optimizer, clip_val: float) -> None:
+        if self.omni_strategy.engine is None:
+            return super().clip_grad_by_norm(optimizer, clip_val)
+        self.omni_strategy.clip_grad_norm(clip_val)
 
-    def run(self, optimizer, batch_idx, kwargs):
-        self._batch_idx, self._optimizer = batch_idx, optimizer
-        return super().run(optimizer, batch_idx, kwargs)
 
-    def _pipelined_step(self, kwargs) -> ClosureResult:
-        strategy = self._omni
-        self._on_before_zero_grad(self._optimizer)
-        self._optimizer_zero_grad(self._batch_idx, self._optimizer)
-        batch = kwargs["batch"]
-        result = strategy.engine.step(batch)
-        strategy.last_step = result
-        trainer = self.trainer
-        if trainer.logger is not None and trainer.global_step % trainer.log_every_n_steps == 0:
-            metrics = step_metrics(result, strategy.engine.layout)
-            if dist.get_rank() == 0:
-                trainer.logger.log_metrics(metrics, step=trainer.global_step)
-        return ClosureResult.from_training_step_output(result.loss.to(strategy.root_device))
+def _with_global_clipping(plugin: Precision, strategy: OmniStrategy) -> Precision:
+    """The same plugin object (its scaler, dtype and state kept), with ``_GlobalClipping``
+    in front of its class: Lightning routes ``gradient_clip_val`` through the precision
+    plugin, and picks the plugin's class itself from ``Trainer(precision=...)``."""
+    if not isinstance(plugin, _GlobalClipping):
+        cls = type(plugin)
+        plugin.__class__ = type(f"Omni{cls.__name__}", (_GlobalClipping, cls), {})
+    plugin.omni_strategy = strategy
+    return plugin

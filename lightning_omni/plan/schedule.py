@@ -645,3 +645,19 @@ def max_in_flight(schedule: Schedule) -> tuple[list[int], list[int]]:
         llm.append(peak[Kind.LLM_FWD])
         enc.append(peak[Kind.ENC_FWD])
     return llm, enc
+
+
+BACKWARD_PAYLOADS = frozenset({Payload.GRADIENT, Payload.FEATURE_GRAD})
+
+
+def forward_only(schedule: Schedule) -> Schedule:
+    """The same plan without its backward half (validation, test, predict): no backward
+    compute, no gradient messages, no gradient all-reduces; completion points placed anew
+    (one compute action after each send, later where that would deadlock)."""
+    programs = []
+    for prog in schedule.actions:
+        programs.append(tuple(
+            a for a in prog
+            if a.kind not in (Kind.LLM_BWD, Kind.ENC_BWD, Kind.ALLREDUCE, Kind.WAIT)
+            and not (a.kind in (Kind.SEND, Kind.RECV) and a.payload in BACKWARD_PAYLOADS)))
+    return with_completion_points(_replace_actions(schedule, tuple(programs)))

@@ -1,13 +1,16 @@
-"""One pipelined optimization step: plan from the batch, execute, normalize, measure.
+"""One pipelined step: plan from the batch, execute, normalize, measure.
 
 Every rank builds the same plan for all replicas from the replicas' sample metadata (one small
 all-gather per step), executes its own list, and then divides its gradients by the global number
-of loss terms, so the update equals one large-batch step of the plain module.
+of loss terms, so the update equals one large-batch step of the plain module. Evaluation and
+prediction run the same plan without its backward half.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import lru_cache
 
@@ -27,12 +30,15 @@ from ..plan.schedule import (
     assign_encoder_samples,
     encoder_first_stage,
     for_replicas,
+    forward_only,
     uniform_insertion,
     with_completion_points,
 )
-from ..spec import OmniSpec
+from ..spec import OmniSpec, Probe
 from .alltoall import SubgroupCache
-from .executor import OmniRuntimeError, StageExecutor, StepRecord, split_microbatches
+from .executor import StageExecutor, StepMode, StepRecord, split_microbatches
+from .failures import OmniRuntimeError, communicating
+from .hosting import Hosting, encoder_stages, param_hosting
 from .layout import Layout
 
 SCHEDULES = ("encoder_first_stage", "uniform_insertion")
@@ -60,6 +66,12 @@ def build_plan(schedule: str, pipeline: int, costs: tuple) -> Schedule:
     return with_completion_points(for_replicas(reps))
 
 
+@lru_cache(maxsize=64)
+def build_forward_plan(schedule: str, pipeline: int, costs: tuple) -> Schedule:
+    """``build_plan`` without its backward half (evaluation and prediction)."""
+    return forward_only(build_plan(schedule, pipeline, costs))
+
+
 @dataclass
 class StepResult:
     loss: Tensor
@@ -67,6 +79,8 @@ class StepResult:
     plan: Schedule
     tokens: int
     grouped: GroupedPlan | None = None  # encoder group work (LSSP / grouped reordering)
+    metrics: dict[str, Tensor] = field(default_factory=dict)  # OmniSpec.metrics, global
+    outputs: Tensor | None = None  # PREDICT: the head's output for this replica's batch
 
 
 class OmniEngine:
@@ -82,7 +96,12 @@ class OmniEngine:
             raise ValueError(f"num_microbatches: expected an int >= 1, got {num_microbatches!r}")
         self.spec, self.layout, self.schedule = spec, layout, schedule
         self.num_microbatches, self.timeout, self.device = num_microbatches, timeout, device
+        self.hosting: Hosting = param_hosting(spec, layout, schedule)
+        self.encoder_ranks = tuple(sorted(d * layout.pipeline + s for d in range(layout.data)
+                                          for s in encoder_stages(schedule, layout.pipeline)))
         self.executor: StageExecutor | None = None
+        self.probe: Probe | None = None
+        self.steps = 0  # steps run by this engine (any mode), for error messages
         self.groups = self._make_groups()
         # LSSP / grouped reordering: encoder work as group actions of each stage's
         # data-parallel group (see plan.lssp_schedule); None keeps the per-replica plans
@@ -90,16 +109,21 @@ class OmniEngine:
         self.ulysses_backend = ulysses_backend
         self.cache = self._make_encoder_groups() if group_options is not None else None
 
+    def _new_group(self, ranks: tuple[int, ...]) -> object:
+        if len(ranks) == self.layout.world_size:
+            return dist.group.WORLD
+        return dist.new_group(list(ranks), timeout=self.timeout) if len(ranks) > 1 else None
+
     def _make_groups(self) -> dict[tuple[int, ...], object]:
-        """Process groups for the plan's collectives, created in the same order on every rank."""
+        """Process groups for the plan's collectives and for every set of ranks holding the
+        same parameters, created in the same order on every rank."""
         lay = self.layout
         groups: dict[tuple[int, ...], object] = {tuple(range(lay.world_size)): dist.group.WORLD}
-        for s in range(lay.pipeline):
-            ranks = lay.stage_group(s)
-            if ranks in groups:
-                continue
-            g = dist.new_group(list(ranks)) if len(ranks) > 1 else None
-            groups[ranks] = g
+        wanted = [lay.stage_group(s) for s in range(lay.pipeline)]
+        wanted += [self.encoder_ranks, *self.hosting.groups()]
+        for ranks in wanted:
+            if ranks not in groups:
+                groups[ranks] = self._new_group(ranks)
         return groups
 
     def _make_encoder_groups(self) -> SubgroupCache:
@@ -113,39 +137,51 @@ class OmniEngine:
         for s in range(lay.pipeline):
             for members in locality_subgroups(lay.stage_group(s), opts.locality):
                 for ranks in [members, *sp_subgroups(members, opts.heads)]:
-                    if ranks in self.groups:
-                        g = self.groups[ranks]
-                    elif len(ranks) == lay.world_size:
-                        g = dist.group.WORLD
-                    else:
-                        g = dist.new_group(list(ranks))
-                        self.groups[ranks] = g
+                    if ranks not in self.groups:
+                        self.groups[ranks] = self._new_group(ranks)
+                    g = self.groups[ranks]
                     if lay.rank in ranks and g is not None:
                         cache.add(ranks, g)
         return cache
 
     def owns_encoders(self) -> bool:
-        return self.schedule == "uniform_insertion" or self.layout.is_first
+        return self.layout.rank in self.encoder_ranks
+
+    @torch.no_grad()
+    def sync_parameters(self) -> None:
+        """Give every holder of a parameter the value of its lowest holder (as DDP does at
+        wrap time), so replicas and stages sharing a weight start equal even when each rank
+        built the module from its own random state."""
+        for holders, params in self.hosting.by_holders().items():
+            for dtype in dict.fromkeys(p.dtype for p in params):
+                same = [p for p in params if p.dtype == dtype]
+                flat = torch.cat([p.detach().reshape(-1) for p in same])
+                with communicating(f"rank {self.layout.rank}: parameter sync over ranks "
+                                   f"{holders}", self.timeout):
+                    dist.broadcast(flat, src=holders[0], group=self.groups[holders])
+                offset = 0
+                for p in same:
+                    p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
 
     # -- first batch: checks, then drop the parts this rank does not host -------------------
-    def _first_batch(self, batch: dict[str, Tensor]) -> None:
-        self.spec.check_batch(batch)
-        self.spec.check_shapes(batch)
-        with torch.no_grad():
-            h = self.spec.embedding(batch[self.spec.tokens][:1])
-        hidden, dtype = int(h.shape[-1]), h.dtype
-        ex = StageExecutor(self.spec, self.layout, self.groups, hidden, dtype, self.device,
-                           self.timeout, self.owns_encoders())
+    def _first_batch(self, batch: dict[str, Tensor], mode: StepMode,
+                     forward_context: Callable[[], AbstractContextManager]) -> None:
+        with forward_context():
+            self.probe = self.spec.check_shapes(batch, with_loss=mode != StepMode.PREDICT)
+        ex = StageExecutor(self.spec, self.layout, self.groups, self.probe, self.device,
+                           self.timeout, self.hosting, self.encoder_ranks)
         keep = {id(p) for p in ex.owned_params()}
-        for mod in self._all_modules():
-            for p in mod.parameters():
+        with torch.inference_mode(False):  # the first batch may come in a validation loop
+            for p in self.hosting.params:
                 if id(p) not in keep:
                     # not hosted here: free the storage (the optimizer skips grad-less params)
                     p.data = torch.empty(0, dtype=p.dtype, device=p.device)
                     p.grad = None
         if self.group_options is not None:
             ex.cache, ex.ulysses_backend = self.cache, self.ulysses_backend
-            self.group_options = self._row_bytes(batch, hidden, dtype)
+            self.group_options = self._row_bytes(batch, self.probe.hidden,
+                                                 self.probe.feature_dtype)
         self.executor = ex
 
     def _row_bytes(self, batch: dict[str, Tensor], hidden: int, dtype: torch.dtype
@@ -161,26 +197,29 @@ class OmniEngine:
         return replace(self.group_options, in_row_bytes=tuple(ins), out_row_bytes=hidden * item,
                        sp_row_bytes=tuple(sps))
 
-    def _all_modules(self):
-        yield self.spec.embedding
-        yield self.spec.head
-        yield from self.spec.blocks
-        for m in self.spec.modalities:
-            yield m.encoder
-
     def hosted_names(self, module: torch.nn.Module) -> set[str]:
         """Names (in ``module.state_dict()``) of the parameters this rank hosts."""
-        assert self.executor is not None
-        mine = {id(p) for p in self.executor.owned_params()}
+        mine = self.hosted_param_ids()
         return {n for n, p in module.named_parameters() if id(p) in mine}
 
     def hosted_param_ids(self) -> set[int]:
-        if self.executor is None:
-            owned = StageExecutor(self.spec, self.layout, self.groups, 1, torch.float32,
-                                  self.device, self.timeout, self.owns_encoders()).owned_params()
-        else:
-            owned = self.executor.owned_params()
-        return {id(p) for p in owned}
+        return {id(p) for p in self.hosting.held()}
+
+    def clip_grad_norm(self, max_norm: float) -> Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the whole model: each parameter's gradient
+        enters the norm once (on its lowest holder; replicas and tied copies hold equal
+        gradients), one all-reduce sums the squares, every holder scales by the same factor."""
+        grads = [p.grad for p in self.hosting.counted_here() if p.grad is not None]
+        square = (torch.nn.utils.get_total_norm(grads, 2.0).to(torch.float64) ** 2 if grads
+                  else torch.zeros((), dtype=torch.float64, device=self.device))
+        with communicating("all-reduce of the gradient norm over all ranks", self.timeout):
+            dist.all_reduce(square)
+        total = square.sqrt()
+        held = [p for p in self.hosting.held() if p.grad is not None]
+        if held:
+            total = total.to(held[0].grad.dtype)
+            torch.nn.utils.clip_grads_with_norm_(held, max_norm, total)
+        return total
 
     # -- one step ---------------------------------------------------------------------------
     def sample_costs(self, mbs: list[dict[str, Tensor]]) -> tuple:
@@ -199,69 +238,111 @@ class OmniEngine:
                             1) for mb in mbs]
         return tuple(tuple(tuple(row) for row in c.tolist()) for c in cols)
 
-    def _grouped_plan(self, mbs: list[dict[str, Tensor]]) -> GroupedPlan:
+    def _gather(self, local: tuple) -> list:
+        """Every rank's step metadata; the stages of a replica must have read the same."""
         lay = self.layout
         everyone: list = [None] * lay.world_size
-        try:
-            dist.all_gather_object(everyone, self.sample_lengths(mbs))
-        except RuntimeError as err:
-            raise OmniRuntimeError(f"rank {lay.rank}: gathering the step's sample metadata "
-                                   f"failed; a peer rank has probably died ({err})") from err
+        with communicating("all-gather of the step's sample metadata over all ranks",
+                           self.timeout):
+            dist.all_gather_object(everyone, local)
         for r, got in enumerate(everyone):
             first = (r // lay.pipeline) * lay.pipeline
             if got != everyone[first]:
                 raise ValueError(f"batch: rank {r} loaded other samples than rank {first} of the "
                                  "same pipeline replica; every stage of a replica must read the "
                                  "replica's shard (the same batches in the same order)")
-        lengths = tuple(everyone[d * lay.pipeline] for d in range(lay.data))
-        names = tuple(m.name for m in self.spec.modalities)
-        return build_grouped_plan(self.schedule, lay.pipeline, lengths, self.group_options,
-                                  names)
+        return [everyone[d * lay.pipeline] for d in range(lay.data)]
 
-    def step(self, batch: dict[str, Tensor]) -> StepResult:
-        if self.executor is None:
-            self._first_batch(batch)
-        assert self.executor is not None
-        mbs = split_microbatches(batch, self.num_microbatches)
-        if self.group_options is not None:
-            return self._finish(batch, *self._run_grouped(mbs))
-        local = self.sample_costs(mbs)
-        everyone: list = [None] * self.layout.world_size
+    def _microbatches(self, batch: dict[str, Tensor], mode: StepMode) -> list[dict[str, Tensor]]:
+        """Training splits into ``num_microbatches`` equal parts (the step equals one large
+        batch); evaluation takes the largest count up to it that divides the batch, so a
+        short last batch still runs."""
+        if mode == StepMode.TRAIN:
+            return split_microbatches(batch, self.num_microbatches)
+        b = int(batch[self.spec.tokens].shape[0])
+        n = max(k for k in range(1, min(self.num_microbatches, b) + 1) if b % k == 0)
+        return split_microbatches(batch, n)
+
+    def step(self, batch: dict[str, Tensor], mode: StepMode = StepMode.TRAIN,
+             forward_context: Callable[[], AbstractContextManager] = nullcontext,
+             where: str | None = None) -> StepResult:
+        """One step over this replica's ``batch``. ``where`` names it in error messages
+        (default: the engine's step count)."""
+        where = where or f"step {self.steps}"
+        self.steps += 1
+        self.spec.check_batch(batch)
         try:
-            dist.all_gather_object(everyone, local)
-        except RuntimeError as err:
-            raise OmniRuntimeError(f"rank {self.layout.rank}: gathering the step's sample "
-                                   f"metadata failed; a peer rank has probably died ({err})"
+            return self._step(batch, mode, forward_context)
+        except OmniRuntimeError as err:
+            raise OmniRuntimeError(f"rank {self.layout.rank}, {where} ({mode.value}): {err}"
                                    ) from err
-        costs = tuple(everyone[d * self.layout.pipeline] for d in range(self.layout.data))
-        plan = build_plan(self.schedule, self.layout.pipeline, costs)
-        record = self.executor.run(plan.actions[self.layout.rank], mbs)
-        return self._finish(batch, record, plan)
 
-    def _run_grouped(self, mbs: list[dict[str, Tensor]]
-                     ) -> tuple[StepRecord, Schedule, GroupedPlan]:
-        gp = self._grouped_plan(mbs)
-        record = self.executor.run(gp.schedule.actions[self.layout.rank], mbs, grouped=gp)
-        return record, gp.schedule, gp
+    def _step(self, batch: dict[str, Tensor], mode: StepMode,
+              forward_context: Callable[[], AbstractContextManager]) -> StepResult:
+        if self.executor is None:
+            self._first_batch(batch, mode, forward_context)
+        assert self.executor is not None
+        if mode == StepMode.TRAIN:
+            for p in self.executor.owned_params():
+                p.grad = None
+        mbs = self._microbatches(batch, mode)
+        grouped = None
+        if self.group_options is not None:
+            lengths = tuple(self._gather(self.sample_lengths(mbs)))
+            names = tuple(m.name for m in self.spec.modalities)
+            grouped = build_grouped_plan(self.schedule, self.layout.pipeline, lengths,
+                                         self.group_options, names)
+            plan = grouped.schedule if mode == StepMode.TRAIN else forward_only(grouped.schedule)
+        else:
+            costs = tuple(self._gather(self.sample_costs(mbs)))
+            build = build_plan if mode == StepMode.TRAIN else build_forward_plan
+            plan = build(self.schedule, self.layout.pipeline, costs)
+        record = self.executor.run(plan.actions[self.layout.rank], mbs, grouped, mode,
+                                   forward_context)
+        if mode == StepMode.PREDICT:
+            return StepResult(torch.zeros((), dtype=torch.float64), record, plan, 0, grouped,
+                              outputs=self._replica_outputs(batch))
+        return self._finish(batch, record, plan, grouped, mode)
+
+    def _replica_outputs(self, batch: dict[str, Tensor]) -> Tensor:
+        """The head's output for this replica's batch, on every stage of the replica (the
+        last stage computed it and sends it to the others)."""
+        lay, ex, probe = self.layout, self.executor, self.probe
+        if lay.is_last:
+            out = torch.cat(ex.outputs).contiguous()
+        else:
+            shape = (*batch[self.spec.tokens].shape, *probe.logits_shape)
+            out = torch.empty(shape, dtype=probe.logits_dtype, device=self.device)
+        last = lay.peer(lay.pipeline - 1)
+        for s in range(lay.pipeline - 1):
+            if lay.is_last:
+                with communicating(f"send of the head's output to rank {lay.peer(s)}",
+                                   self.timeout):
+                    dist.send(out, lay.peer(s))
+            elif lay.stage == s:
+                with communicating(f"recv of the head's output from rank {last}", self.timeout):
+                    dist.recv(out, last)
+        return out
 
     def _finish(self, batch: dict[str, Tensor], record: StepRecord, plan: Schedule,
-                grouped: GroupedPlan | None = None) -> StepResult:
-        """Global loss and count, gradients normalized by the count."""
+                grouped: GroupedPlan | None, mode: StepMode) -> StepResult:
+        """Global loss, metrics and count; gradients normalized by the count."""
         assert self.executor is not None
-        totals = torch.tensor([record.loss, record.count], dtype=torch.float64,
-                              device=self.device)
-        try:
+        local = torch.tensor([[record.loss, record.count]], dtype=torch.float64,
+                             device=self.device)
+        totals = torch.cat([local, self.executor.metric_sums()])
+        with communicating("all-reduce of the loss over all ranks", self.timeout):
             dist.all_reduce(totals)
-        except RuntimeError as err:
-            raise OmniRuntimeError(f"rank {self.layout.rank}: reducing the loss failed; a peer "
-                                   f"rank has probably died ({err})") from err
-        loss_sum, count = (float(v) for v in totals.cpu())
+        loss_sum, count = (float(v) for v in totals[0].cpu())
         if count <= 0:
             raise OmniRuntimeError("loss: the global batch has no loss terms (count 0)")
-        with torch.no_grad():
-            for p in self.executor.owned_params():
-                if p.grad is not None:
-                    p.grad.div_(count)
+        if mode == StepMode.TRAIN:
+            with torch.no_grad():
+                for p in self.executor.owned_params():
+                    if p.grad is not None:
+                        p.grad.div_(count)
+        metrics = {name: (totals[i + 1, 0] / totals[i + 1, 1]).cpu()
+                   for i, name in enumerate(self.spec.metrics)}
         tokens = int(batch[self.spec.tokens].numel()) * self.layout.data
         return StepResult(torch.tensor(loss_sum / count, dtype=torch.float64), record, plan,
-                          tokens, grouped)
+                          tokens, grouped, metrics)

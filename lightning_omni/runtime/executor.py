@@ -14,9 +14,11 @@ from the plan and the microbatch (see ``lightning_omni.plan.schedule``), so no s
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
+from enum import Enum
 
 import torch
 import torch.distributed as dist
@@ -24,8 +26,10 @@ from torch import Tensor, nn
 
 from ..plan.lssp_schedule import GroupedPlan
 from ..plan.schedule import Action, Kind, Payload, message_key
-from ..spec import OmniSpec, scatter_features, valid_rows
+from ..spec import OmniSpec, Probe, scatter_features, valid_rows
 from .alltoall import SubgroupCache
+from .failures import OmniRuntimeError, communicating, timed_out
+from .hosting import Hosting
 from .layout import Layout
 from .lssp_exec import build_exec_plan, run_lssp_microbatch
 from .memory import SavedTensorMeter
@@ -34,8 +38,13 @@ TAGS = {Payload.ACTIVATION: 1, Payload.GRADIENT: 2, Payload.FEATURES: 3,
         Payload.FEATURE_GRAD: 4}
 
 
-class OmniRuntimeError(RuntimeError):
-    """A step that cannot finish: a lost peer, a timed-out message or collective."""
+class StepMode(str, Enum):  # noqa: UP042 - requires-python allows 3.10 (no StrEnum)
+    """What a step computes: gradients (train), the loss only (eval), the head's output."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+    PREDICT = "predict"
+
 
 
 @dataclass
@@ -84,33 +93,65 @@ class StageExecutor:
     """Runs plans for one rank: its LLM stage, its encoder replicas, its messages."""
 
     def __init__(self, spec: OmniSpec, layout: Layout, groups: dict[tuple[int, ...], object],
-                 hidden: int, dtype: torch.dtype, device: torch.device,
-                 timeout: timedelta, owns_encoders: bool) -> None:
-        self.spec, self.layout, self.groups = spec, layout, groups
-        self.hidden, self.dtype, self.device, self.timeout = hidden, dtype, device, timeout
+                 probe: Probe, device: torch.device, timeout: timedelta,
+                 hosting: Hosting, encoder_ranks: tuple[int, ...]) -> None:
+        self.spec, self.layout, self.groups, self.probe = spec, layout, groups, probe
+        self.hidden, self.dtype = probe.hidden, probe.feature_dtype
+        self.device, self.timeout, self.hosting = device, timeout, hosting
         lo, hi = layout.block_bounds[layout.stage]
         self.blocks = list(spec.blocks)[lo:hi]
-        llm: list[nn.Module] = list(self.blocks)
-        if layout.is_first:
-            llm.insert(0, spec.embedding)
-        if layout.is_last:
-            llm.append(spec.head)
-        self.llm_params = _unique(p for mod in llm for p in mod.parameters())
-        self.encoder_params = _unique(p for m in spec.modalities for p in m.encoder.parameters())
-        self.owns_encoders = owns_encoders
-        self.meter = SavedTensorMeter(self.owned_params())
+        # dtypes of the activations this stage receives and sends (autocast may change them)
+        self.in_dtype = probe.block_dtypes[lo - 1] if lo > 0 else probe.feature_dtype
+        self.out_dtype = probe.block_dtypes[hi - 1]
+        self.owns_encoders = layout.rank in encoder_ranks
+        held = hosting.held()
+        # each gradient is summed by exactly one collective: the plan's all-reduce of the
+        # stage's data-parallel group, the plan's encoder all-reduce, or (parameters shared
+        # between stages, e.g. a tied embedding and head) one all-reduce over all holders
+        # after the plan (as Megatron's embedding group does)
+        llm = {id(p) for mod in self._llm_modules() for p in mod.parameters()}
+        stage_group = layout.stage_group(layout.stage)
+        self._plan_reduce: dict[tuple[Payload, tuple[int, ...]], list[Tensor]] = {}
+        self._shared_reduce: dict[tuple[int, ...], list[Tensor]] = {}
+        for holders, params in hosting.by_holders().items():
+            for p in params:
+                if id(p) in llm and holders == stage_group:
+                    key = (Payload.WEIGHT_GRADS, holders)
+                elif id(p) not in llm and holders == encoder_ranks:
+                    key = (Payload.ENCODER_GRADS, holders)
+                else:
+                    self._shared_reduce.setdefault(holders, []).append(p)
+                    continue
+                self._plan_reduce.setdefault(key, []).append(p)
+        self.meter = SavedTensorMeter(held)
         self.cache: SubgroupCache | None = None  # encoder group process groups (LSSP/reorder)
         self.ulysses_backend = "auto"
 
+    def _llm_modules(self) -> list[nn.Module]:
+        mods: list[nn.Module] = list(self.blocks)
+        if self.layout.is_first:
+            mods.insert(0, self.spec.embedding)
+        if self.layout.is_last:
+            mods.append(self.spec.head)
+        return mods
+
     def owned_params(self) -> list[Tensor]:
-        return self.llm_params + (self.encoder_params if self.owns_encoders else [])
+        return self.hosting.held()
 
     # -- one step -------------------------------------------------------------------------
     def run(self, actions: Sequence[Action], mbs: list[dict[str, Tensor]],
-            grouped: GroupedPlan | None = None) -> StepRecord:
+            grouped: GroupedPlan | None = None, mode: StepMode = StepMode.TRAIN,
+            forward_context: Callable[[], AbstractContextManager] = nullcontext) -> StepRecord:
         """Run the actions; gradients are of the summed (unnormalized) loss, and the returned
         record carries this rank's loss sum and count (last stage) for normalizing.
-        ``grouped``: the plan's encoder group work (LSSP / grouped reordering), if any."""
+        ``grouped``: the plan's encoder group work (LSSP / grouped reordering), if any.
+        ``forward_context``: entered around every forward action (the precision plugin's
+        autocast or default dtype), never around a backward, as in a plain training step.
+        ``mode``: EVAL and PREDICT run forward-only plans; PREDICT keeps the head's output
+        (``self.outputs``, one tensor per microbatch, last stage) and computes no loss."""
+        self._mode = mode
+        self.outputs: list[Tensor] = []
+        self._metric_sums: dict[str, list[Tensor]] = {}
         self._mbs = mbs
         self._grouped = grouped
         self._enc_parts: dict[int, list[tuple[Tensor, Tensor]]] = {}
@@ -137,14 +178,14 @@ class StageExecutor:
         for a in actions:
             t0 = time.perf_counter()
             if a.kind == Kind.ENC_FWD:
-                with self.meter.hooks():
+                with self.meter.hooks(), forward_context():
                     (self._group_enc_fwd if grouped is not None else self._enc_fwd)(a)
             elif a.kind == Kind.ENC_BWD:
                 (self._group_enc_bwd if grouped is not None else self._enc_bwd)(a)
             elif a.kind == Kind.ALLTOALL and grouped is not None:
                 pass  # a group's exchange: performed inside the ENC_FWD/ENC_BWD next to it
             elif a.kind == Kind.LLM_FWD:
-                with self.meter.hooks():
+                with self.meter.hooks(), forward_context():
                     res = self._llm_fwd(a)
                 if res is not None:
                     loss_sum += res[0].detach().to(torch.float64)
@@ -156,7 +197,7 @@ class StageExecutor:
             elif a.kind == Kind.RECV:
                 self._recv(a)
             elif a.kind == Kind.WAIT:
-                self._wait(self._pending.pop(message_key(self.layout.rank, a)), a)
+                self._wait(self._pending.pop(message_key(self.layout.rank, a)))
             elif a.kind == Kind.ALLREDUCE:
                 self._allreduce(a)
             else:
@@ -165,8 +206,10 @@ class StageExecutor:
             timings.append((a, t0, t1))
             if a.kind in (Kind.ENC_FWD, Kind.ENC_BWD, Kind.LLM_FWD, Kind.LLM_BWD):
                 busy += t1 - t0
-        for key, work in list(self._pending.items()):  # plans without completion points
-            self._wait(work, key)
+        for work in list(self._pending.values()):  # plans without completion points
+            self._wait(work)
+        if mode == StepMode.TRAIN:
+            self._reduce_shared()
         seconds = time.perf_counter() - t_step
         return StepRecord(float(loss_sum), float(count), seconds, busy, self.meter.peak,
                           [(a, t0 - t_step, t1 - t_step) for a, t0, t1 in timings],
@@ -197,7 +240,7 @@ class StageExecutor:
         out = self._encode(self._mbs[a.microbatch], a.samples)
         self._enc_out[a.microbatch] = out
         if self.layout.is_first:
-            leaf = out.detach().requires_grad_()
+            leaf = out.detach().requires_grad_(self._mode == StepMode.TRAIN)
             self._local_feat[a.microbatch] = leaf
             self._feat_in.setdefault(a.microbatch, []).append((a.samples, leaf))
 
@@ -242,7 +285,7 @@ class StageExecutor:
         self._enc_out[m] = out
         self._enc_parts[m] = parts
         if self.layout.is_first:
-            leaf = out.detach().requires_grad_()
+            leaf = out.detach().requires_grad_(self._mode == StepMode.TRAIN)
             self._local_feat[m] = leaf
             if own:
                 self._feat_in.setdefault(m, []).append((own, leaf))
@@ -299,12 +342,31 @@ class StageExecutor:
             self._stage_in[a.microbatch] = h
         for block in self.blocks:
             h = block(h)
-        if self.layout.is_last:
-            total, count = self.spec.loss(self.spec.head(h), mb)
+        if not self.layout.is_last:
+            self._stage_out[a.microbatch] = h
+            return None
+        logits = self.spec.head(h)
+        if self._mode == StepMode.PREDICT:
+            self.outputs.append(logits.detach())
+            return None
+        total, count = self.spec.loss(logits, mb)
+        if self._mode == StepMode.TRAIN:
             self._stage_out[a.microbatch] = total
-            return total, count
-        self._stage_out[a.microbatch] = h
-        return None
+        with torch.no_grad():
+            for name, fn in self.spec.metrics.items():
+                value, n = fn(logits.detach(), mb)
+                sums = self._metric_sums.setdefault(name, [])
+                sums.append(torch.stack([torch.as_tensor(value, dtype=torch.float64),
+                                         torch.as_tensor(n, dtype=torch.float64)]))
+        return total, count
+
+    def metric_sums(self) -> Tensor:
+        """``[len(spec.metrics), 2]``: (sum, count) of each metric over this rank's
+        microbatches of the last step (zeros off the last stage)."""
+        rows = [torch.stack(self._metric_sums[n]).sum(0) if n in self._metric_sums else
+                torch.zeros(2, dtype=torch.float64) for n in self.spec.metrics]
+        return (torch.stack(rows) if rows else torch.zeros(0, 2, dtype=torch.float64)
+                ).to(self.device)
 
     def _llm_bwd(self, a: Action) -> None:
         out = self._stage_out.pop(a.microbatch)
@@ -334,66 +396,75 @@ class StageExecutor:
             return (*mb[self.spec.tokens].shape, self.hidden)
         return (self._feature_rows(mb, a.samples), self.hidden)
 
+    def _recv_dtype(self, a: Action) -> torch.dtype:
+        """Messages carry what the plain run hands over at the same point: activations in the
+        dtype the previous stage's last block returns (under autocast too), gradients in
+        the dtype of the activation they belong to, features in the embedding's dtype."""
+        if a.payload == Payload.ACTIVATION:
+            return self.in_dtype
+        if a.payload == Payload.GRADIENT:
+            return self.out_dtype
+        return self.dtype
+
+    def _what(self, a: Action) -> str:
+        way = "from" if a.kind == Kind.RECV else "to"
+        kind = "recv" if a.kind == Kind.RECV else "send"
+        return f"{kind} of {a.payload} for microbatch {a.microbatch} {way} rank {a.peer}"
+
     def _send(self, a: Action) -> None:
         t = self._payload_tensor(a).contiguous()
-        work = dist.isend(t, a.peer, tag=TAGS[a.payload])
-        self._pending[message_key(self.layout.rank, a)] = (work, t)
+        with communicating(self._what(a), self.timeout):
+            work = dist.isend(t, a.peer, tag=TAGS[a.payload])
+        self._pending[message_key(self.layout.rank, a)] = (work, t, a)
 
     def _recv(self, a: Action) -> None:
-        buf = torch.empty(self._recv_shape(a), dtype=self.dtype, device=self.device)
-        work = dist.irecv(buf, a.peer, tag=TAGS[a.payload])
-        self._wait((work, buf), a)
+        buf = torch.empty(self._recv_shape(a), dtype=self._recv_dtype(a), device=self.device)
+        with communicating(self._what(a), self.timeout):
+            work = dist.irecv(buf, a.peer, tag=TAGS[a.payload])
+        self._wait((work, buf, a))
         m = a.microbatch
         if a.payload == Payload.ACTIVATION:
-            self._act_in[m] = buf.requires_grad_()
+            self._act_in[m] = buf.requires_grad_(self._mode == StepMode.TRAIN)
         elif a.payload == Payload.GRADIENT:
             self._grad_in[m] = buf
         elif a.payload == Payload.FEATURES:
-            leaf = buf.requires_grad_()
+            leaf = buf.requires_grad_(self._mode == StepMode.TRAIN)
             self._remote_feat[m, a.peer] = leaf
             self._feat_in.setdefault(m, []).append((a.samples, leaf))
         elif a.payload == Payload.FEATURE_GRAD:
             self._feat_grad[m] = buf
 
-    def _wait(self, work_and_tensor: tuple, what: object) -> None:
-        work, _ = work_and_tensor
-        try:
+    def _wait(self, pending: tuple) -> None:
+        """Wait for an ``isend``/``irecv`` posted for action ``a``."""
+        work, _, a = pending
+        what = self._what(a) + (" (waiting for the peer to take it)" if a.kind != Kind.RECV
+                                else "")
+        t0 = time.monotonic()
+        with communicating(what, self.timeout):
             ok = work.wait(self.timeout)
-        except RuntimeError as err:
-            raise OmniRuntimeError(
-                f"rank {self.layout.rank}: {what} did not complete within "
-                f"{self.timeout.total_seconds():.0f} s; a peer rank has probably died or "
-                f"stopped ({err})") from err
         if ok is False:
-            raise OmniRuntimeError(f"rank {self.layout.rank}: {what} timed out after "
-                                   f"{self.timeout.total_seconds():.0f} s; a peer rank has "
-                                   "probably died or stopped")
+            raise timed_out(what, time.monotonic() - t0, self.timeout)
 
     def _allreduce(self, a: Action) -> None:
-        params = self.llm_params if a.payload == Payload.WEIGHT_GRADS else self.encoder_params
-        if len(a.group) <= 1 or not params:
+        if self._mode != StepMode.TRAIN:
+            return
+        params = self._plan_reduce.get((a.payload, tuple(sorted(a.group))), [])
+        self._sum_grads(params, a.group, f"{a.payload} all-reduce")
+
+    def _reduce_shared(self) -> None:
+        """Parameters held by several stages: sum their gradients over every holder."""
+        for holders, params in self._shared_reduce.items():
+            self._sum_grads(params, holders, "all-reduce of parameters shared between stages")
+
+    def _sum_grads(self, params: list[Tensor], group: tuple[int, ...], what: str) -> None:
+        if len(group) <= 1 or not params:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        try:
-            dist.all_reduce(flat, group=self.groups[a.group])
-        except RuntimeError as err:
-            raise OmniRuntimeError(
-                f"rank {self.layout.rank}: gradient all-reduce over ranks {a.group} failed "
-                f"(timeout {self.timeout.total_seconds():.0f} s); a peer rank has probably "
-                f"died or stopped ({err})") from err
+        with communicating(f"{what} over ranks {tuple(group)}", self.timeout):
+            dist.all_reduce(flat, group=self.groups[tuple(group)])
         offset = 0
         for p in params:
             n = p.numel()
             p.grad = flat[offset:offset + n].view_as(p).clone()
             offset += n
-
-
-def _unique(params) -> list[Tensor]:
-    seen, out = set(), []
-    for p in params:
-        if id(p) not in seen:
-            seen.add(id(p))
-            out.append(p)
-    return out
-
