@@ -94,11 +94,17 @@ def loss_terms(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor
     return total, (labels != -100).sum()
 
 
+def accuracy_terms(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    labels = batch["labels"]
+    keep = labels != -100
+    return (logits.argmax(-1)[keep] == labels[keep]).sum(), keep.sum()
+
+
 class OmniToy(pl.LightningModule):
     """A multimodal LLM written for one device; ``configure_omni`` is the only Omni addition."""
 
     def __init__(self, hidden: int = 16, layers: int = 4, lr: float = 1e-2,
-                 width: int = 12, encoder: str = "plain") -> None:
+                 width: int = 12, encoder: str = "plain", tie: bool = False) -> None:
         super().__init__()
         self.lr = lr
         if encoder == "token":  # attention swappable for Ulysses: LSSP can split a sample
@@ -112,6 +118,8 @@ class OmniToy(pl.LightningModule):
         self.embed = Embedding(hidden)
         self.blocks = nn.ModuleList(Block(hidden) for _ in range(layers))
         self.head = Head(hidden)
+        if tie:  # the head's output weight is the token embedding (stages 0 and P-1 share it)
+            self.head.out.weight = self.embed.tok.weight
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         tokens = batch["tokens"]
@@ -129,6 +137,12 @@ class OmniToy(pl.LightningModule):
         total, count = loss_terms(self(batch), batch)
         return total / count
 
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        logits = self(batch)
+        total, count = loss_terms(logits, batch)
+        hits, n = accuracy_terms(logits, batch)
+        return {"loss": total / count, "acc": hits / n}
+
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
@@ -136,7 +150,26 @@ class OmniToy(pl.LightningModule):
         return OmniSpec(
             modalities=[Modality("image", self.image_encoder, "image", "image_len", IMG),
                         Modality("audio", self.audio_encoder, "audio", "audio_len", AUD)],
-            embedding=self.embed, blocks=list(self.blocks), head=self.head, loss=loss_terms)
+            embedding=self.embed, blocks=list(self.blocks), head=self.head, loss=loss_terms,
+            metrics={"acc": accuracy_terms})
+
+
+class LoggingToy(OmniToy):
+    """OmniToy that logs the way docs/omni/quickstart.md says: from the batch-end hooks, which
+    get the same values in a plain run and under OmniStrategy."""
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        logits = self(batch)
+        total, count = loss_terms(logits, batch)
+        hits, n = accuracy_terms(logits, batch)
+        return {"loss": total / count, "acc": hits / n}
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.log("train_loss", outputs["loss"], prog_bar=True)
+        self.log("train_acc", outputs["acc"])
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.log("val_loss", outputs["loss"])
 
 
 class ToyData(Dataset):
@@ -173,9 +206,10 @@ class ToyData(Dataset):
         return self.items[i]
 
 
-def make_model(seed: int = 0, **kw: Any) -> OmniToy:
+def make_model(seed: int = 0, logging: bool = False, dtype: torch.dtype = torch.float64,
+               **kw: Any) -> OmniToy:
     torch.manual_seed(seed)
-    return OmniToy(**kw).double()
+    return (LoggingToy if logging else OmniToy)(**kw).to(dtype)
 
 
 def global_batches(data: ToyData, batch: int) -> list[dict[str, Tensor]]:
@@ -432,3 +466,94 @@ def lssp_worker(rank: int, world: int, pp: int, dp: int, modes: dict[str, dict],
             res["tags"] = {t: [e.value for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
         out[name] = res
     return out
+
+
+# -- the user's path: a plain Lightning run against the same run under OmniStrategy -------------
+class _Outputs(pl.Callback):
+    """Per step: the outputs Lightning hands the batch-end hooks; per validation batch too."""
+
+    def __init__(self) -> None:
+        self.train: list[dict[str, float]] = []
+        self.val: list[dict[str, float]] = []
+        self.pre_clip_norm: list[float] = []
+        self.pre_clip_max: list[float] = []
+        self.sanity: list[dict[str, float]] = []
+        self.grads0: dict[str, Tensor] = {}
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self.train.append({k: float(v) for k, v in outputs.items()})
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx,
+                                dataloader_idx=0) -> None:
+        rows = self.sanity if trainer.sanity_checking else self.val
+        rows.append({k: float(v) for k, v in outputs.items()})
+
+    def on_before_optimizer_step(self, trainer, module, optimizer) -> None:
+        if not self.grads0:  # the first step's gradients, before clipping, where held
+            self.grads0 = {n: p.grad.clone() for n, p in module.named_parameters()
+                           if p.grad is not None}
+        # the global gradient norm before clipping (plain run only: one process holds it all)
+        if trainer.world_size == 1 and not isinstance(trainer.strategy, _omni_strategy()):
+            grads = [p.grad for p in module.parameters() if p.grad is not None]
+            self.pre_clip_norm.append(float(torch.nn.utils.get_total_norm(grads)))
+            self.pre_clip_max.append(max(float(g.abs().max()) for g in grads))
+
+
+def _omni_strategy():
+    from lightning_omni import OmniStrategy
+
+    return OmniStrategy
+
+
+def user_run(rank: int, world: int, pp: int | None, dp: int, opts: dict[str, Any]
+             ) -> dict[str, Any]:
+    """A short fit with validation every epoch, the user's Trainer options in ``opts``
+    (``trainer``), model options (``model``), then predict. ``pp=None``: the plain run on one
+    process (global batches); else OmniStrategy with ``pp`` stages and ``dp`` replicas."""
+    samples, batch = opts.get("samples", 32), opts.get("batch", 16)
+    dtype = opts.get("dtype", torch.float64)
+    data, val = _cast(ToyData(samples), dtype), _cast(ToyData(16, seed=1), dtype)
+    model = make_model(0, logging=True, dtype=dtype, **opts.get("model", {}))
+    rec = _Outputs()
+    callbacks: list = [rec]
+    if opts.get("ckpt_dir"):
+        callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=opts["ckpt_dir"],
+                                                      monitor="val_loss", save_top_k=1))
+    if pp is None:
+        strategy, devices, d, r = "auto", 1, 1, 0
+    else:
+        strategy = _omni_strategy()(pipeline_parallel=pp, data_parallel=dp, num_microbatches=4,
+                                    **opts.get("strategy", {}))
+        devices, d, r = world, dp, rank // pp
+
+    def loader(ds, b):
+        sampler = DistributedSampler(ds, num_replicas=d, rank=r, shuffle=False)
+        return DataLoader(ds, batch_size=b // d, sampler=sampler)
+
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy,
+                         max_steps=opts.get("steps", 4), logger=False,
+                         enable_checkpointing=bool(opts.get("ckpt_dir")),
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=callbacks, use_distributed_sampler=False,
+                         num_sanity_val_steps=1, **opts.get("trainer", {}))
+    trainer.fit(model, loader(data, batch), loader(val, 8))
+    logged = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    best = (float(callbacks[-1].best_model_score), callbacks[-1].best_model_path
+            ) if opts.get("ckpt_dir") else None
+    validated = trainer.validate(model, loader(val, 8), verbose=False)[0]
+    preds = trainer.predict(model, loader(val, 8))
+    hosted = (trainer.strategy.engine.hosted_param_ids() if pp is not None
+              else {id(p) for p in model.parameters()})
+    return {"train": rec.train, "val": rec.val, "sanity": rec.sanity, "grads0": rec.grads0,
+            "pre_clip_norm": rec.pre_clip_norm,
+            "pre_clip_max": rec.pre_clip_max,
+            "params": {n: p.detach().clone() for n, p in model.named_parameters()
+                       if id(p) in hosted},
+            "logged": logged, "best": best, "validated": validated, "preds": torch.cat(preds)}
+
+
+def _cast(data: ToyData, dtype: torch.dtype) -> ToyData:
+    for item in data.items:
+        for k in ("image", "audio"):
+            item[k] = item[k].to(dtype)
+    return data
