@@ -30,8 +30,15 @@ demo: setup
 	$(PY) -m lightning_omni.examples.multimodal_train fit --config recipes/omni/multimodal.yaml \
 		--trainer.max_epochs 1 --data.samples_per_epoch 128 --trainer.enable_progress_bar false
 
+# the oldest Lightning pyproject.toml admits: OmniStrategy's Lightning tests run on it too
+LIGHTNING_OLDEST := 2.4.0
+OLDEST_DIR := build/lightning-$(LIGHTNING_OLDEST)
+
 test: setup
 	$(PY) -m pytest -q
+	test -d $(OLDEST_DIR) || $(PIP) install -q --no-deps --target $(OLDEST_DIR) lightning==$(LIGHTNING_OLDEST)
+	PYTHONPATH=$(OLDEST_DIR) $(PY) -m pytest -q -p no:cacheprovider tests/omni/test_lightning_versions.py \
+		tests/omni/test_refusals.py tests/omni/test_user_path.py -k "not bf16 and not 1-2 and not 2-2"
 
 bench: setup
 	$(PY) benchmarks/pool_throughput.py --out build/pool_throughput.json
