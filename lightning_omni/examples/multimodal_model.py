@@ -9,9 +9,8 @@ sequence parallel for long samples (LSSP) without any change to their weights.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from ..runtime.token_encoder import TokenEncoder
@@ -65,12 +64,23 @@ def caption_loss(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tens
     return total, (labels != -100).sum()
 
 
-def token_accuracy(logits: Tensor, labels: Tensor, rows: Tensor) -> Tensor:
-    """Share of labelled tokens in the selected rows predicted exactly (NaN if none)."""
+def _hits(logits: Tensor, batch: dict[str, Tensor], rows: Tensor) -> tuple[Tensor, Tensor]:
+    """(labelled tokens of the selected rows predicted exactly, labelled tokens there)."""
+    labels = batch["labels"]
     keep = (labels != -100) & rows[:, None]
-    if not keep.any():
-        return torch.tensor(float("nan"))
-    return (logits.argmax(-1)[keep] == labels[keep]).float().mean()
+    return (logits.argmax(-1)[keep] == labels[keep]).sum(), keep.sum()
+
+
+def caption_accuracy(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    return _hits(logits, batch, batch["is_caption"])
+
+
+def text_accuracy(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    return _hits(logits, batch, ~batch["is_caption"])
+
+
+# per-step values reduced like the loss: (sum, count) per batch, global sum over global count
+METRICS = {"caption_acc": caption_accuracy, "text_acc": text_accuracy}
 
 
 def _scatter(h: Tensor, tokens: Tensor, token_id: int, rows: Tensor) -> Tensor:
@@ -95,8 +105,6 @@ class MultimodalCaptioner(LightningModule):
         self.embed = Embedding(hidden)
         self.blocks = nn.ModuleList(GptBlock(hidden, heads) for _ in range(layers))
         self.head = Head(hidden)
-        # caption/text token hits and counts seen by ``omni_loss`` (a pipeline's last stage)
-        self.accuracy_counts = torch.zeros(4, dtype=torch.float64)
 
     def modalities(self):
         return (("image", self.image_encoder, IMG), ("audio", self.audio_encoder, AUD))
@@ -115,40 +123,40 @@ class MultimodalCaptioner(LightningModule):
             h = block(h)
         return self.head(h)
 
-    def _step(self, batch: dict[str, Tensor], prefix: str) -> Tensor:
+    def _step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         logits = self(batch)
-        total, count = caption_loss(logits, batch)
-        loss = total / count
-        cap = token_accuracy(logits, batch["labels"], batch["is_caption"])
-        txt = token_accuracy(logits, batch["labels"], ~batch["is_caption"])
+        out = {}
+        for name, terms in (("loss", caption_loss), *METRICS.items()):
+            total, count = terms(logits, batch)
+            out[name] = total / count  # NaN for a metric without tokens in the batch
+        return out
+
+    # OmniStrategy replaces the *_step methods by pipelined steps and hands their outputs
+    # (global loss and METRICS) to the batch-end hooks, so logging lives there: the same
+    # values in a plain run and under OmniStrategy
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        return self._step(batch)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        return self._step(batch)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self._log("train", outputs, batch)
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._log("val", outputs, batch)
+
+    def _log(self, prefix: str, outputs: dict[str, Tensor], batch: dict[str, Tensor]) -> None:
         bs = batch["tokens"].shape[0]
-        self.log(f"{prefix}/loss", loss, prog_bar=True, batch_size=bs)
-        if not torch.isnan(cap):
-            self.log(f"{prefix}/caption_acc", cap, prog_bar=True, batch_size=bs)
-        if not torch.isnan(txt):
-            self.log(f"{prefix}/text_acc", txt, batch_size=bs)
-        return loss
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        return self._step(batch, "train")
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        return self._step(batch, "val")
+        self.log(f"{prefix}/loss", outputs["loss"], prog_bar=True, batch_size=bs)
+        for name in METRICS:
+            if not torch.isnan(outputs[name]):
+                self.log(f"{prefix}/{name}", outputs[name], prog_bar=name == "caption_acc",
+                         batch_size=bs)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr,
                                  weight_decay=self.hparams.weight_decay)
-
-    def omni_loss(self, logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """``caption_loss``, also counting correct tokens: under OmniStrategy the step runs the
-        parts, not ``training_step``, so accuracy is measured here (see ``OmniAccuracy``)."""
-        with torch.no_grad():
-            labels, hit = batch["labels"], logits.argmax(-1) == batch["labels"]
-            for j, rows in enumerate((batch["is_caption"], ~batch["is_caption"])):
-                keep = (labels != -100) & rows[:, None]
-                self.accuracy_counts[2 * j] += hit[keep].sum().double().cpu()
-                self.accuracy_counts[2 * j + 1] += keep.sum().double().cpu()
-        return caption_loss(logits, batch)
 
     def configure_omni(self):
         """The parts OmniStrategy needs (see ``lightning_omni.spec``)."""
@@ -157,24 +165,5 @@ class MultimodalCaptioner(LightningModule):
         return OmniSpec(
             modalities=[Modality(name, enc, name, f"{name}_len", tid)
                         for name, enc, tid in self.modalities()],
-            embedding=self.embed, blocks=list(self.blocks), head=self.head, loss=self.omni_loss)
-
-
-class OmniAccuracy(Callback):
-    """Logs caption and text token accuracy of the training steps run by OmniStrategy: sums
-    the last stages' counts over all ranks (one all-reduce per step) and logs on rank 0."""
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        counts = pl_module.accuracy_counts
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            counts = counts.clone()
-            dist.all_reduce(counts)
-        pl_module.accuracy_counts.zero_()
-        if counts[1] + counts[3] == 0 or trainer.logger is None or trainer.global_rank != 0:
-            return
-        metrics = {}
-        if counts[1] > 0:
-            metrics["train/caption_acc"] = float(counts[0] / counts[1])
-        if counts[3] > 0:
-            metrics["train/text_acc"] = float(counts[2] / counts[3])
-        trainer.logger.log_metrics(metrics, step=trainer.global_step)
+            embedding=self.embed, blocks=list(self.blocks), head=self.head, loss=caption_loss,
+            metrics=METRICS)

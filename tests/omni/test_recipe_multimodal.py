@@ -100,6 +100,9 @@ def test_recipe_learns_with_omni_strategy(tmp_path):
     ea.Reload()
     loss = [e.value for e in ea.Scalars("omni/loss")]
     acc = [e.value for e in ea.Scalars("train/caption_acc")]
-    assert len(loss) >= 6 and len(acc) >= 12
+    assert len(loss) >= 6 and len(acc) >= 6  # every log_every_n_steps=2 of 16 steps
     assert sum(loss[-3:]) / 3 < 0.7 * loss[0]
-    assert sum(acc[-4:]) / 4 > sum(acc[:4]) / 4 + 0.15
+    assert sum(acc[-3:]) / 3 > sum(acc[:3]) / 3 + 0.15
+    # validation runs pipelined too: one val/loss per epoch, and it falls
+    val = [e.value for e in ea.Scalars("val/loss")]
+    assert len(val) == 2 and val[1] < val[0]
