@@ -136,6 +136,12 @@ class OmniStrategy(DDPStrategy):
             plugin = _with_global_clipping(plugin, self)
         self._precision_plugin = plugin
 
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        """Setup gives every rank rank 0's initial weights; a sharded checkpoint is loaded
+        after that, each rank reading its stage's shard."""
+        return True
+
     def clip_grad_norm(self, max_norm: float) -> Tensor | None:
         """``clip_grad_norm_`` over the whole pipelined model (Lightning's
         ``gradient_clip_val`` with the norm algorithm lands here)."""

@@ -38,7 +38,7 @@ from ..spec import OmniSpec, Probe
 from .alltoall import SubgroupCache
 from .executor import StageExecutor, StepMode, StepRecord, split_microbatches
 from .failures import OmniRuntimeError, communicating
-from .hosting import Hosting, encoder_stages, param_hosting
+from .hosting import Hosting, all_modules, encoder_stages, param_hosting
 from .layout import Layout
 
 SCHEDULES = ("encoder_first_stage", "uniform_insertion")
@@ -149,20 +149,21 @@ class OmniEngine:
 
     @torch.no_grad()
     def sync_parameters(self) -> None:
-        """Give every holder of a parameter the value of its lowest holder (as DDP does at
-        wrap time), so replicas and stages sharing a weight start equal even when each rank
-        built the module from its own random state."""
-        for holders, params in self.hosting.by_holders().items():
-            for dtype in dict.fromkeys(p.dtype for p in params):
-                same = [p for p in params if p.dtype == dtype]
-                flat = torch.cat([p.detach().reshape(-1) for p in same])
-                with communicating(f"rank {self.layout.rank}: parameter sync over ranks "
-                                   f"{holders}", self.timeout):
-                    dist.broadcast(flat, src=holders[0], group=self.groups[holders])
-                offset = 0
-                for p in same:
-                    p.copy_(flat[offset:offset + p.numel()].view_as(p))
-                    offset += p.numel()
+        """Give every rank global rank 0's parameters and buffers (as DDP does at wrap time),
+        so stages and replicas start from the one module the plain run would build, even
+        when each rank built it from its own random state. Called before any rank drops
+        what it does not host, and before a checkpoint is restored."""
+        tensors = [*self.hosting.params, *_buffers(self.spec)]
+        for dtype in dict.fromkeys(t.dtype for t in tensors):
+            same = [t for t in tensors if t.dtype == dtype]
+            flat = torch.cat([t.detach().reshape(-1) for t in same])
+            with communicating(f"rank {self.layout.rank}: broadcast of rank 0's parameters",
+                               self.timeout):
+                dist.broadcast(flat, src=0)
+            offset = 0
+            for t in same:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
 
     # -- first batch: checks, then drop the parts this rank does not host -------------------
     def _first_batch(self, batch: dict[str, Tensor], mode: StepMode,
@@ -346,3 +347,14 @@ class OmniEngine:
         tokens = int(batch[self.spec.tokens].numel()) * self.layout.data
         return StepResult(torch.tensor(loss_sum / count, dtype=torch.float64), record, plan,
                           tokens, grouped, metrics)
+
+
+def _buffers(spec: OmniSpec) -> list[Tensor]:
+    seen: set[int] = set()
+    out = []
+    for mod in all_modules(spec):
+        for b in mod.buffers():
+            if id(b) not in seen:
+                seen.add(id(b))
+                out.append(b)
+    return out

@@ -42,7 +42,7 @@ def all_parameters(spec: OmniSpec) -> list[Tensor]:
     """Every parameter of the spec's parts once, in an order every rank agrees on."""
     seen: set[int] = set()
     out: list[Tensor] = []
-    for mod in _parts(spec):
+    for mod in all_modules(spec):
         for p in mod.parameters():
             if id(p) not in seen:
                 seen.add(id(p))
@@ -50,7 +50,7 @@ def all_parameters(spec: OmniSpec) -> list[Tensor]:
     return out
 
 
-def _parts(spec: OmniSpec) -> Iterator[nn.Module]:
+def all_modules(spec: OmniSpec) -> Iterator[nn.Module]:
     yield spec.embedding
     yield from spec.blocks
     yield spec.head

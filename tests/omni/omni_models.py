@@ -513,7 +513,10 @@ def user_run(rank: int, world: int, pp: int | None, dp: int, opts: dict[str, Any
     samples, batch = opts.get("samples", 32), opts.get("batch", 16)
     dtype = opts.get("dtype", torch.float64)
     data, val = _cast(ToyData(samples), dtype), _cast(ToyData(16, seed=1), dtype)
-    model = make_model(0, logging=True, dtype=dtype, **opts.get("model", {}))
+    # seed_by_rank: every rank builds its module from its own random state (a user who does
+    # not seed); the strategy must start all of them from rank 0's module, as DDP does
+    seed = 1 + 7 * rank if opts.get("seed_by_rank") else 0
+    model = make_model(seed, logging=True, dtype=dtype, **opts.get("model", {}))
     rec = _Outputs()
     callbacks: list = [rec]
     if opts.get("ckpt_dir"):

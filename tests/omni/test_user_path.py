@@ -55,9 +55,9 @@ def test_tied_weights_clipping_validation_logging_predict(pp, dp, tied_clipped):
     _same_run(ranks, ref, pp, dp, names)
 
 
-def test_clip_by_value_and_monitored_checkpoint(tmp_path):
+def test_clip_by_value_monitored_checkpoint_and_unseeded_ranks(tmp_path):
     opts = {"trainer": {"gradient_clip_val": 0.05, "gradient_clip_algorithm": "value"},
-            "ckpt_dir": str(tmp_path / "plain")}
+            "ckpt_dir": str(tmp_path / "plain"), "seed_by_rank": True}
     ref = user_run(0, 1, None, 1, opts)
     assert min(ref["pre_clip_max"]) > 0.05
     opts = dict(opts, ckpt_dir=str(tmp_path / "omni"))
