@@ -7,10 +7,28 @@ ranks of a subgroup. Subgroups are cached by their rank tuple so that a step nev
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from .failures import communicating
+
+# timeouts of the groups this module created or was told about, for error messages
+# (torch keeps a group's timeout in private state only)
+_TIMEOUTS: dict[int, timedelta] = {}
+
+
+def group_ranks(group: dist.ProcessGroup | None) -> tuple[int, ...]:
+    """Global ranks of ``group`` (``None``: the default group), for error messages."""
+    return tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+
+
+def group_timeout(group: dist.ProcessGroup | None) -> timedelta | None:
+    """The timeout ``group`` was created with, when a ``SubgroupCache`` made or registered it."""
+    return _TIMEOUTS.get(id(group)) if group is not None else None
 
 
 class SubgroupCache:
@@ -20,11 +38,16 @@ class SubgroupCache:
     in creating it; members must still meet their common groups in the same order (plans
     computed identically on every rank do). ``warm`` creates a list of groups up front, which
     every rank must call with the same list.
+
+    ``timeout``: how long a collective of a created group may wait for a stopped peer before it
+    fails (``None``: torch's default for the backend, 30 minutes on gloo). A dead peer fails
+    sooner: its sockets close.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: timedelta | None = None) -> None:
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self.created = 0
+        self.timeout = timeout
 
     def get(self, ranks: Iterable[int]) -> dist.ProcessGroup:
         key = tuple(sorted(int(r) for r in ranks))
@@ -33,8 +56,8 @@ class SubgroupCache:
         group = self._groups.get(key)
         if group is None:
             world = dist.get_world_size()
-            if key == tuple(range(world)):
-                group = dist.group.WORLD
+            if key == tuple(range(world)) and self.timeout is None:
+                group = dist.group.WORLD  # its own timeout: the default group's
             else:
                 bad = [r for r in key if not 0 <= r < world]
                 if bad:
@@ -42,14 +65,24 @@ class SubgroupCache:
                 if dist.get_rank() not in key:
                     raise ValueError(f"ranks: this rank ({dist.get_rank()}) is not a member "
                                      f"of {key}; only members may ask for the group")
-                group = dist.new_group(list(key), use_local_synchronization=True)
+                with communicating(f"new_group over ranks {key} (waiting for every member "
+                                   "to create it)", self.timeout):
+                    group = dist.new_group(list(key), timeout=self.timeout,
+                                           use_local_synchronization=True)
+                if self.timeout is not None:
+                    _TIMEOUTS[id(group)] = self.timeout
                 self.created += 1
             self._groups[key] = group
         return group
 
-    def add(self, ranks: Iterable[int], group: dist.ProcessGroup) -> None:
-        """Register a group created elsewhere (e.g. by ``dist.new_group`` on every rank)."""
+    def add(self, ranks: Iterable[int], group: dist.ProcessGroup,
+            timeout: timedelta | None = None) -> None:
+        """Register a group created elsewhere (e.g. by ``dist.new_group`` on every rank);
+        ``timeout``: the one it was created with (default: this cache's), for error messages."""
         self._groups[tuple(sorted(int(r) for r in ranks))] = group
+        timeout = timeout if timeout is not None else self.timeout
+        if timeout is not None and group is not None:
+            _TIMEOUTS[id(group)] = timeout
 
     def warm(self, groups: Iterable[Sequence[int]]) -> None:
         """Create the groups this rank belongs to, in the given order (same list everywhere)."""
@@ -87,29 +120,43 @@ class _AllToAllRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, in_splits: list[int], out_splits: list[int],
-                group: dist.ProcessGroup | None) -> torch.Tensor:
-        ctx.in_splits, ctx.out_splits, ctx.group = in_splits, out_splits, group
-        return _exchange(x, in_splits, out_splits, group)
+                group: dist.ProcessGroup | None, what: str) -> torch.Tensor:
+        ctx.in_splits, ctx.out_splits, ctx.group, ctx.what = in_splits, out_splits, group, what
+        return _exchange(x, in_splits, out_splits, group, what)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        back = _AllToAllRows.apply(grad.contiguous(), ctx.out_splits, ctx.in_splits, ctx.group)
-        return back, None, None, None
+        what = ctx.what if ctx.what.endswith("(backward)") else f"{ctx.what} (backward)"
+        back = _AllToAllRows.apply(grad.contiguous(), ctx.out_splits, ctx.in_splits, ctx.group,
+                                   what)
+        return back, None, None, None, None
 
 
 def _exchange(x: torch.Tensor, in_splits: list[int], out_splits: list[int],
-              group: dist.ProcessGroup | None) -> torch.Tensor:
-    out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=list(out_splits),
-                           input_split_sizes=list(in_splits), group=group)
-    return out
+              group: dist.ProcessGroup | None, what: str) -> torch.Tensor:
+    # rows travel flat ([rows, elements]): a row may have any shape, only its size matters
+    row = math.prod(x.shape[1:])
+    out = x.new_empty((sum(out_splits), row))
+    ranks = group_ranks(group)
+    with communicating(f"{what}: all_to_all_single over ranks {ranks}, sending rows "
+                       f"{in_splits} and waiting for rows {out_splits} (per member, "
+                       f"{row} elements each)", group_timeout(group)):
+        dist.all_to_all_single(out, x.contiguous().reshape(x.shape[0], row),
+                               output_split_sizes=list(out_splits),
+                               input_split_sizes=list(in_splits), group=group)
+    return out.reshape(sum(out_splits), *x.shape[1:])
 
 
 def all_to_all_rows(x: torch.Tensor, in_splits: Sequence[int], out_splits: Sequence[int],
-                    group: dist.ProcessGroup | None = None, differentiable: bool = True
-                    ) -> torch.Tensor:
+                    group: dist.ProcessGroup | None = None, differentiable: bool = True,
+                    what: str = "all_to_all_rows") -> torch.Tensor:
     """Send ``x[rows of split i]`` to the group's i-th rank; receive ``out_splits[j]`` rows from
-    its j-th rank. Every rank must know what it receives (plans computed everywhere say so)."""
+    its j-th rank. Every rank must know what it receives (plans computed everywhere say so),
+    and every rank's rows must have the same shape (``x.shape[1:]``).
+
+    ``what`` names the exchange: a failure of the collective (a dead or stopped peer, a
+    timeout) raises ``OmniRuntimeError`` naming it, the group's ranks and the rows waited for.
+    """
     n = dist.get_world_size(group)
     in_splits, out_splits = [int(s) for s in in_splits], [int(s) for s in out_splits]
     if len(in_splits) != n or len(out_splits) != n:
@@ -119,5 +166,5 @@ def all_to_all_rows(x: torch.Tensor, in_splits: Sequence[int], out_splits: Seque
         raise ValueError(f"in_splits: expected them to sum to the {x.shape[0]} rows of x, got "
                          f"{sum(in_splits)}")
     if differentiable and x.requires_grad:
-        return _AllToAllRows.apply(x, in_splits, out_splits, group)
-    return _exchange(x, in_splits, out_splits, group)
+        return _AllToAllRows.apply(x, in_splits, out_splits, group, what)
+    return _exchange(x, in_splits, out_splits, group, what)

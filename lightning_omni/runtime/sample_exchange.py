@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from ..plan.reorder import Item, ReorderPlan, plan_reorder
-from .alltoall import SubgroupCache, all_to_all_rows, default_cache
+from .alltoall import SubgroupCache, all_to_all_rows, default_cache, group_timeout
+from .failures import communicating
 
 
 def locality_groups(world_size: int, ranks_per_group: int | None = None) -> tuple[int, ...]:
@@ -96,7 +97,9 @@ class GroupedReorder:
         if isinstance(local, Mapping):
             local = [SampleMeta(s, n, self.cost(n)) for s, n in sorted(local.items())]
         metas: list[list[SampleMeta]] = [None] * len(self.members)  # type: ignore[list-item]
-        dist.all_gather_object(metas, list(local), group=self.pg)
+        with communicating(f"reorder metadata: all_gather_object over ranks {self.members}, "
+                           "waiting for every member's sample list", group_timeout(self.pg)):
+            dist.all_gather_object(metas, list(local), group=self.pg)
         items = [[Item(m.sample_id, m.cost, m.memory) for m in ms] for ms in metas]
         plan = plan_reorder(items, [0] * len(self.members), self.memory_cap)
         lengths = {m.sample_id: m.length for ms in metas for m in ms}
@@ -107,8 +110,10 @@ class GroupedReorder:
                  row_shape: Sequence[int] | None = None, dtype: torch.dtype | None = None
                  ) -> dict[int, torch.Tensor]:
         """Ship inputs (``[length, *row_shape]`` rows, same row shape and dtype everywhere) to
-        the ranks that encode them; returns the rows of ``gp.mine``. ``row_shape``/``dtype``
-        are needed only on a rank that sends nothing (it cannot read them off a sample)."""
+        the ranks that encode them; returns the rows of ``gp.mine``, in their own shape (a row
+        may be ``[3, 4]`` as well as ``[in_dim]``). ``row_shape``/``dtype`` are needed on a rank
+        that sends nothing (it cannot read them off a sample); given everywhere, every sample
+        is checked against them."""
         rows = []
         for peer in sorted(gp.plan.sends[gp.me]):
             for s in gp.plan.sends[gp.me][peer]:
@@ -116,10 +121,14 @@ class GroupedReorder:
                 if x.shape[0] != gp.lengths[s]:
                     raise ValueError(f"samples[{s}]: expected {gp.lengths[s]} rows (its "
                                      f"metadata), got {x.shape[0]}")
+                if row_shape is not None and tuple(x.shape[1:]) != tuple(row_shape):
+                    raise ValueError(f"samples[{s}]: expected rows of shape "
+                                     f"{tuple(row_shape)} (row_shape), got {tuple(x.shape[1:])}")
                 rows.append(x)
         buf = torch.cat(rows) if rows else _empty(samples, row_shape, dtype, "samples")
         send, recv = gp.splits(forward=True)
-        got = all_to_all_rows(buf, send, recv, self.pg, differentiable=False)
+        got = all_to_all_rows(buf, send, recv, self.pg, differentiable=False,
+                              what=f"reorder samples over group {self.members}")
         self.bytes_sent += _bytes(send, gp.me, buf)
         received = {}
         order = [s for peer in sorted(gp.plan.recvs[gp.me]) for s in gp.plan.recvs[gp.me][peer]]
@@ -158,7 +167,8 @@ class GroupedReorder:
             buf = torch.cat(rows)
         else:  # a leaf that wants a gradient keeps this rank in the backward all-to-all
             buf = _empty(features, hidden, dtype, "features").requires_grad_()
-        got = all_to_all_rows(buf, send, recv, self.pg)
+        got = all_to_all_rows(buf, send, recv, self.pg,
+                              what=f"reorder features over group {self.members}")
         self.bytes_sent += _bytes(send, gp.me, buf)
         order = [s for r in range(n) for s in came_from[r]]
         out = dict(zip(order, got.split([gp.lengths[s] for s in order]), strict=True))

@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .alltoall import all_to_all_rows
+from .alltoall import all_to_all_rows, group_ranks, group_timeout
+from .failures import communicating
 
 BACKENDS = ("auto", "deepspeed", "torch")
 
@@ -109,25 +110,26 @@ class _TorchUlysses:
         self.group, self.attn = group, attn
         self.k = dist.get_world_size(group)
 
-    def _seq_to_heads(self, x: torch.Tensor) -> torch.Tensor:
+    def _seq_to_heads(self, x: torch.Tensor, what: str) -> torch.Tensor:
         b, c, h, d = x.shape
         k = self.k
         parts = x.reshape(b, c, k, h // k, d).permute(2, 0, 1, 3, 4).reshape(k, -1)
-        got = all_to_all_rows(parts, [1] * k, [1] * k, self.group)
+        got = all_to_all_rows(parts, [1] * k, [1] * k, self.group, what=what)
         return got.reshape(k, b, c, h // k, d).permute(1, 0, 2, 3, 4).reshape(b, k * c, h // k, d)
 
-    def _heads_to_seq(self, x: torch.Tensor) -> torch.Tensor:
+    def _heads_to_seq(self, x: torch.Tensor, what: str) -> torch.Tensor:
         b, s, hk, d = x.shape
         k = self.k
         c = s // k
         parts = x.reshape(b, k, c, hk, d).permute(1, 0, 2, 3, 4).reshape(k, -1)
-        got = all_to_all_rows(parts, [1] * k, [1] * k, self.group)
+        got = all_to_all_rows(parts, [1] * k, [1] * k, self.group, what=what)
         return got.reshape(k, b, c, hk, d).permute(1, 2, 0, 3, 4).reshape(b, c, k * hk, d)
 
-    def __call__(self, q, k, v, **kwargs):
-        out = self.attn(self._seq_to_heads(q), self._seq_to_heads(k), self._seq_to_heads(v),
-                        **kwargs)
-        return self._heads_to_seq(out)
+    def __call__(self, q, k, v, what: str = "Ulysses attention", **kwargs):
+        out = self.attn(self._seq_to_heads(q, f"{what}, q sequence->heads"),
+                        self._seq_to_heads(k, f"{what}, k sequence->heads"),
+                        self._seq_to_heads(v, f"{what}, v sequence->heads"), **kwargs)
+        return self._heads_to_seq(out, f"{what}, output heads->sequence")
 
 
 class UlyssesAttention:
@@ -156,7 +158,9 @@ class UlyssesAttention:
             self._impl = _TorchUlysses(group, attn)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 valid_length: int) -> torch.Tensor:
+                 valid_length: int, what: str = "Ulysses attention") -> torch.Tensor:
+        """``what`` names the attention (e.g. its sample) in the error a failed all-to-all
+        raises (``OmniRuntimeError``, with the group's ranks)."""
         if q.dim() != 4:
             raise ValueError(f"q: expected [batch, chunk, heads, dim], got shape {tuple(q.shape)}")
         check_sp_heads(q.shape[2], self.degree, "UlyssesAttention")
@@ -164,8 +168,56 @@ class UlyssesAttention:
             raise ValueError(f"valid_length: expected in [1, {q.shape[1] * self.degree}] (chunk "
                              f"{q.shape[1]} x degree {self.degree}), got {valid_length}")
         if self.backend == "deepspeed":
-            return self._impl(q, k, v, 0, None, valid_length=valid_length)
-        return self._impl(q, k, v, valid_length=valid_length)
+            what = (f"{what}: DeepSpeed-Ulysses all-to-alls (q, k, v, output) over ranks "
+                    f"{group_ranks(self.group)}, waiting for every member's chunk")
+            timeout = group_timeout(self.group)
+            if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+                return _DeepSpeedCall.apply(self._impl, what, timeout, valid_length, q, k, v)
+            return _deepspeed_forward(self._impl, what, timeout, valid_length, q, k, v)
+        try:  # the all-to-alls name themselves (all_to_all_rows)
+            return self._impl(q, k, v, valid_length=valid_length, what=what)
+        except _LocalAttentionError as err:
+            raise err.args[0] from None
+
+
+class _LocalAttentionError(Exception):
+    """Carries an error of the local attention through ``communicating`` unchanged (not a
+    RuntimeError, so it is not mistaken for a failed collective)."""
+
+
+def _deepspeed_forward(impl, what: str, timeout, valid_length: int, q, k, v) -> torch.Tensor:
+    try:
+        with communicating(what, timeout):
+            return impl(q, k, v, 0, None, valid_length=valid_length)
+    except _LocalAttentionError as err:
+        raise err.args[0] from None
+
+
+class _DeepSpeedCall(torch.autograd.Function):
+    """DeepSpeed's attention with its backward all-to-alls inside ``communicating`` too.
+
+    DeepSpeed launches its backward all-to-alls from its own autograd function, out of our
+    reach, so the forward builds DeepSpeed's graph on detached inputs and the backward runs
+    it with ``torch.autograd.grad`` (as reentrant activation checkpointing does): same
+    values, same saved tensors, and a failed all-to-all names the attention. The local
+    attention's backward runs inside the same ``communicating`` block."""
+
+    @staticmethod
+    def forward(ctx, impl, what, timeout, valid_length, q, k, v):
+        leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in (q, k, v))
+        with torch.enable_grad():
+            out = _deepspeed_forward(impl, what, timeout, valid_length, *leaves)
+        ctx.what, ctx.timeout, ctx.leaves, ctx.out = what, timeout, leaves, out
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        wants = [t for t in ctx.leaves if t.requires_grad]
+        with communicating(f"{ctx.what} (backward)", ctx.timeout):
+            got = iter(torch.autograd.grad(ctx.out, wants, grad))
+        grads = tuple(next(got) if t.requires_grad else None for t in ctx.leaves)
+        del ctx.leaves, ctx.out
+        return (None, None, None, None, *grads)
 
 
 class _CausalOr(torch.nn.Module):
@@ -176,7 +228,10 @@ class _CausalOr(torch.nn.Module):
         self.causal = causal
 
     def forward(self, q, k, v, valid_length=None):
-        return local_attention(q, k, v, valid_length, self.causal)
+        try:
+            return local_attention(q, k, v, valid_length, self.causal)
+        except RuntimeError as err:  # compute, not communication: see _deepspeed_forward
+            raise _LocalAttentionError(err) from err
 
 
 _ATTN_CACHE: dict[tuple[int, bool, str], UlyssesAttention] = {}
