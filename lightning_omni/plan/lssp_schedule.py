@@ -53,7 +53,8 @@ GROUPED_SCHEDULES = ("encoder_first_stage", "uniform_insertion")
 @dataclass(frozen=True)
 class GroupOptions:
     """How encoder groups run. ``locality[r]``: locality group id of global rank r;
-    ``heads[k]``: attention heads of modality k's encoder (SP degrees must divide it);
+    ``heads[k]``: attention heads of modality k's encoder (SP degrees must divide it), 0 for
+    an encoder LSSP may not split (``runtime.splittable``): its samples always run whole;
     a sample's encoder cost is ``seconds_per_token * L + seconds_per_token_pair * L**2``;
     ``max_rows``: encoder rows of one sample a rank may hold (LSSP's memory cap); byte sizes
     (per modality: an input row, a feature row, one row through all Ulysses rounds) are only
@@ -190,7 +191,13 @@ def _check_rows(rows: int, where: str, n: int, heads: int, opts: GroupOptions) -
     """A sample too long for ``max_rows`` even at the largest SP degree: a clear error."""
     if not opts.lssp or rows <= opts.max_rows:
         return
-    top = sp_degrees(n, heads)[-1] if heads >= 1 else 1
+    if heads < 1:  # the encoder is not splittable: its samples always run whole on one rank
+        raise ValueError(f"{where}: {rows} encoder rows, over lssp_max_rows={opts.max_rows:g}, "
+                         "and LSSP cannot split them: the modality's encoder does not declare "
+                         "`splittable_rows = True` (see lightning_omni.runtime.splittable), so "
+                         "each of its samples runs whole on one rank; raise lssp_max_rows to "
+                         f"at least {rows} or make the encoder splittable")
+    top = sp_degrees(n, heads)[-1]
     if rows / top > opts.max_rows:
         raise ValueError(f"{where}: {rows} encoder rows, {math.ceil(rows / top)} per rank at the "
                          f"largest SP degree {top} allowed ({n} ranks in its group, {heads} "

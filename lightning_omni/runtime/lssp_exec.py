@@ -16,6 +16,7 @@ collectives; ``run_lssp_microbatch`` executes it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from ..plan.lssp import DP, SP, LsspPlan, MicrobatchSplit, WorkItem, plan_lssp, sp_degrees
 from ..plan.schedule import Action, Kind, Payload
 from .alltoall import SubgroupCache, all_to_all_rows, default_cache
+from .splittable import splittable_heads
 from .ulysses import check_sp_heads, pad_length, ulysses_for
 
 
@@ -50,11 +52,14 @@ def plan_encoder_lssp(lengths: Sequence[Mapping[int, int]], cost: EncoderCost, g
                       heads: int, memory_cap: float) -> LsspPlan:
     """``plan_lssp`` over token counts (``lengths[m]``: sample id -> tokens of microbatch m),
     refusing any sample whose activations exceed ``memory_cap`` even at the largest SP degree
-    the group and head count allow."""
-    if heads < 1:
-        raise ValueError(f"heads: expected >= 1, got {heads}")
-    degrees = sp_degrees(group_size, heads)
+    the group and head count allow. ``heads``: ``splittable_heads(encoder)``; 0 (an encoder
+    that may not be split) plans every sample whole, balanced over the group."""
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 0:
+        raise ValueError(f"heads: expected an int >= 0 (0: samples are never split), got "
+                         f"{heads!r}")
+    degrees = sp_degrees(group_size, max(heads, 1))
     top = degrees[-1]
+    why = "" if heads else ": the encoder is not splittable"
     for m, mb in enumerate(lengths):
         for sid, n in mb.items():
             if n < 1:
@@ -64,10 +69,10 @@ def plan_encoder_lssp(lengths: Sequence[Mapping[int, int]], cost: EncoderCost, g
                 raise ValueError(
                     f"sample {sid} (microbatch {m}, {n} tokens): needs {mem:.4g} bytes of encoder "
                     f"activations, {mem / top:.4g} per rank at the largest SP degree {top} "
-                    f"allowed ({group_size} ranks, {heads} heads); over memory_cap="
+                    f"allowed ({group_size} ranks, {heads} heads{why}); over memory_cap="
                     f"{memory_cap:.4g}")
     items = [[cost.item(sid, n) for sid, n in sorted(mb.items())] for mb in lengths]
-    return plan_lssp(items, group_size, heads, memory_cap)
+    return plan_lssp(items, group_size, max(heads, 1), memory_cap)  # 1 head: degree 1 only
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,34 +215,53 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
                         inputs: Mapping[int, torch.Tensor], global_ranks: Sequence[int],
                         cache: SubgroupCache | None = None, backend: str = "auto",
                         in_dim: int | None = None, out_dim: int | None = None,
-                        dtype: torch.dtype | None = None) -> LsspResult:
+                        dtype: torch.dtype | None = None,
+                        row_shape: Sequence[int] | None = None) -> LsspResult:
     """Run the microbatch's encoder work on this rank (see the module docstring).
 
-    ``encoder(x [B, L, in], lengths [B]) -> [B, L, out]`` must treat tokens independently
-    except in attention and accept ``attention=`` (``TokenEncoder`` does); ``inputs`` holds the
-    ``[L, in]`` rows of the samples this rank owns. Every rank of the group calls this with the
-    same plan. ``in_dim``/``dtype`` (input rows) and ``out_dim`` (feature rows) are read off
-    the encoder (``in_dim``, ``out_dim``) when not given; a rank that sends nothing needs them.
+    ``encoder(x [B, L, *row_shape], lengths [B]) -> [B, L, out]`` must treat rows
+    independently except in attention and accept ``attention=`` (``TokenEncoder`` does; see
+    ``splittable_heads``); ``inputs`` holds the ``[L, *row_shape]`` rows of the samples this
+    rank owns. A row may have any shape (``[3, 4]`` as well as ``[in_dim]``): rows travel flat
+    and the encoder sees them in their own shape. Every rank of the group calls this with the
+    same plan. ``row_shape``/``dtype`` (input rows) and ``out_dim`` (feature rows) are read
+    off the inputs and the encoder (``in_dim``, ``out_dim``) when not given, but a rank that
+    owns no sample must be told the row shape the others send: pass ``row_shape`` (``in_dim``
+    is the same for rows of one dimension).
     """
+    if plan.split.sp_groups:  # the LSSP contract: only a splittable encoder is split
+        heads = splittable_heads(encoder)
+        if heads == 0:
+            raise ValueError(
+                f"{type(encoder).__name__}: the plan splits samples "
+                f"{[g.sample_id for g in plan.split.sp_groups]} over ranks, but the encoder "
+                "does not declare `splittable_rows = True` (lightning_omni.runtime.splittable); "
+                "plan with heads=splittable_heads(encoder)")
+        for g in plan.split.sp_groups:
+            check_sp_heads(heads, len(g.ranks), f"encoder (sample {g.sample_id})")
     cache = cache or default_cache()
     me = dist.get_rank()
     if me not in global_ranks:
         raise ValueError(f"global_ranks: this rank ({me}) is not in {tuple(global_ranks)}")
     rank = list(global_ranks).index(me)
     group = cache.get(global_ranks)
-    heads = getattr(encoder, "heads", None)
-    for g in plan.split.sp_groups:
-        if heads is not None:
-            check_sp_heads(heads, len(g.ranks), f"encoder (sample {g.sample_id})")
+    members = tuple(global_ranks)
+    mb = plan.split.microbatch
     for sid, o in plan.owner.items():
         if o == rank and sid not in inputs:
             raise ValueError(f"inputs: this rank owns sample {sid} but its rows are missing")
     ref = next(iter(inputs.values()), None)
     param = next(encoder.parameters())
-    in_dim = ref.shape[1] if ref is not None else (in_dim or encoder.in_dim)
+    if row_shape is not None:
+        shape = tuple(int(n) for n in row_shape)
+    elif ref is not None:
+        shape = tuple(ref.shape[1:])
+    else:
+        shape = (int(in_dim or encoder.in_dim),)
     dtype = ref.dtype if ref is not None else (dtype or param.dtype)
+    width = math.prod(shape)  # elements of one input row
 
-    # 1. inputs to the encoding ranks (data: no gradient)
+    # 1. inputs to the encoding ranks (data: no gradient), rows flattened to [rows, width]
     sends = plan.sends(rank, plan.inputs)
     rows = []
     for p in sends:
@@ -245,17 +269,24 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
         if x.shape[0] != plan.lengths[p.sample_id]:
             raise ValueError(f"inputs[{p.sample_id}]: expected {plan.lengths[p.sample_id]} rows "
                              f"(the planned length), got {x.shape[0]}")
+        if tuple(x.shape[1:]) != shape:
+            raise ValueError(f"inputs[{p.sample_id}]: expected rows of shape {shape} (the "
+                             f"group's row shape), got {tuple(x.shape[1:])}")
+        x = x.reshape(x.shape[0], width)
         end = p.start + p.rows
         if end > x.shape[0]:  # the last SP chunks carry padding
             x = torch.nn.functional.pad(x, (0, 0, 0, end - x.shape[0]))
         rows.append(x[p.start:end])
-    buf = torch.cat(rows) if rows else torch.zeros(0, in_dim, dtype=dtype)
+    buf = torch.cat(rows) if rows else torch.zeros(0, width, dtype=dtype, device=param.device)
     send_split, recv_split = plan.splits(rank, plan.inputs)
-    got = all_to_all_rows(buf, send_split, recv_split, group, differentiable=False)
+    got = all_to_all_rows(buf, send_split, recv_split, group, differentiable=False,
+                          what=f"LSSP inputs of microbatch {mb} over group {members}")
+    got = got.reshape(got.shape[0], *shape)
     recvd = plan.recvs(rank, plan.inputs)
     pieces = dict(zip(((p.sample_id, p.start) for p in recvd),
                       got.split([p.rows for p in recvd]), strict=True))
-    bytes_sent = sum(s for d, s in enumerate(send_split) if d != rank) * in_dim * got.element_size()
+    bytes_sent = sum(s for d, s in enumerate(send_split) if d != rank) * width * \
+        got.element_size()
 
     # 2. encoder work in the planned phase order
     outs: dict[tuple[int, int], torch.Tensor] = {}
@@ -274,9 +305,10 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
                 c, length = plan.chunk[g.sample_id], plan.lengths[g.sample_id]
                 pg = cache.get(tuple(global_ranks[r] for r in g.ranks))
                 att = ulysses_for(pg, causal=getattr(encoder, "causal", False), backend=backend)
+                label = f"LSSP sample {g.sample_id} of microbatch {mb}"
 
-                def attention(q, k, v, att=att, length=length):
-                    return att(q, k, v, valid_length=length)
+                def attention(q, k, v, att=att, length=length, label=label):
+                    return att(q, k, v, valid_length=length, what=label)
 
                 x = pieces[(g.sample_id, i * c)]
                 valid = max(0, min(c, length - i * c))
@@ -292,7 +324,8 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
     else:  # keep this rank in the backward all-to-all even when it sends nothing
         out_dim = out_dim or encoder.out_dim
         buf = param.reshape(-1)[:0].reshape(0, 1).expand(0, out_dim)
-    got = all_to_all_rows(buf, send_split, recv_split, group)
+    got = all_to_all_rows(buf, send_split, recv_split, group,
+                          what=f"LSSP features of microbatch {mb} over group {members}")
     bytes_sent += sum(s for d, s in enumerate(send_split) if d != rank) * buf.shape[1] * \
         got.element_size()
     recvd = plan.recvs(rank, plan.outputs)

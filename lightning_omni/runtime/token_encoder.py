@@ -3,7 +3,8 @@
 Every layer but attention works per token, so the same weights run a padded batch of short
 samples (data parallel, key-padding mask) or one rank's chunk of a long sample (sequence
 parallel, Ulysses attention) without resharding anything. Positions are part of the input rows
-(the data pipeline appends them), which keeps a chunk independent of where it sits.
+(the data pipeline appends them), which keeps a chunk independent of where it sits: so the
+encoder declares ``splittable_rows = True`` (the LSSP contract, ``runtime.splittable``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,12 @@ class EncoderBlock(nn.Module):
 
 
 class TokenEncoder(nn.Module):
-    """``[batch, seq, in_dim]`` rows -> ``[batch, seq, out_dim]`` features, one per token."""
+    """``[batch, seq, in_dim]`` rows -> ``[batch, seq, out_dim]`` features, one per token.
+
+    Rows interact only in attention and carry their own positions, so LSSP may split one
+    sample's rows over ranks (``splittable_rows``, see ``runtime.splittable``)."""
+
+    splittable_rows = True
 
     def __init__(self, in_dim: int, dim: int = 32, heads: int = 4, layers: int = 2,
                  out_dim: int | None = None, causal: bool = False) -> None:

@@ -125,8 +125,12 @@ def test_strategy_refuses_bad_lssp_options():
             OmniStrategy(**kw)
     strategy = OmniStrategy(lssp=True)
     strategy.parallel_devices = [torch.device("cpu")] * 2
-    strategy.spec = make_model(0).configure_omni()  # plain encoders: no heads, no attention=
-    with pytest.raises(ValueError, match=r"modalities\[image\].encoder: lssp=True needs"):
+    strategy.spec = make_model(0).configure_omni()  # plain encoders: not splittable_rows
+    assert strategy._group_options().heads == (0, 0)  # their samples run whole
+    strategy.spec = make_model(0, encoder="token").configure_omni()
+    assert strategy._group_options().heads == (2, 2)
+    strategy.spec.modalities[0].encoder.splittable_rows = "yes"  # this instance only
+    with pytest.raises(ValueError, match=r"TokenEncoder.splittable_rows: expected True"):
         strategy._group_options()
     strategy = OmniStrategy(reorder=True, locality_groups=[0, 0, 1])
     strategy.parallel_devices = [torch.device("cpu")] * 2
