@@ -202,7 +202,12 @@ class OmniStrategy(DDPStrategy):
                 raise ValueError(f"locality_groups: expected one group id per rank ({world}), "
                                  f"got {len(locality)}")
         # only encoders that declare ``splittable_rows`` are split; others run unsplit (heads 0)
-        heads = [splittable_heads(m.encoder) if self.lssp else 0 for m in self.spec.modalities]
+        heads = []
+        for m in self.spec.modalities:
+            try:
+                heads.append(splittable_heads(m.encoder) if self.lssp else 0)
+            except ValueError as err:
+                raise ValueError(f"modalities[{m.name}].encoder: {err}") from err
         cap = self.lssp_max_rows if self.lssp_max_rows is not None else float("inf")
         return GroupOptions(self.lssp, self.reorder, locality, tuple(heads),
                             self.encoder_cost[0], self.encoder_cost[1], float(cap))

@@ -133,7 +133,7 @@ class OmniEngine:
         if len(opts.locality) != lay.world_size:
             raise ValueError(f"locality_groups: expected one group id per rank "
                              f"({lay.world_size}), got {len(opts.locality)}")
-        cache = SubgroupCache()
+        cache = SubgroupCache(timeout=self.timeout)
         for s in range(lay.pipeline):
             for members in locality_subgroups(lay.stage_group(s), opts.locality):
                 for ranks in [members, *sp_subgroups(members, opts.heads)]:

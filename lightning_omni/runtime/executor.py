@@ -273,7 +273,7 @@ class StageExecutor:
             x = mb[mod.inputs]
             inputs = {g: x[g - d * b, :w.lengths[k][g]] for g in mine}
             res = run_lssp_microbatch(mod.encoder, ex, inputs, w.members, cache=self.cache,
-                                      backend=self.ulysses_backend, in_dim=int(x.shape[2]),
+                                      backend=self.ulysses_backend, row_shape=x.shape[2:],
                                       out_dim=self.hidden, dtype=x.dtype)
             self._bytes_sent += res.bytes_sent
             part = (torch.cat([res.features[g] for g in mine]) if mine else
