@@ -38,7 +38,7 @@ from ..spec import OmniSpec, Probe
 from .alltoall import SubgroupCache
 from .executor import StageExecutor, StepMode, StepRecord, split_microbatches
 from .failures import OmniRuntimeError, communicating
-from .hosting import Hosting, all_modules, encoder_stages, param_hosting
+from .hosting import Hosting, all_buffers, encoder_stages, param_hosting
 from .layout import Layout
 
 SCHEDULES = ("encoder_first_stage", "uniform_insertion")
@@ -153,7 +153,7 @@ class OmniEngine:
         so stages and replicas start from the one module the plain run would build, even
         when each rank built it from its own random state. Called before any rank drops
         what it does not host, and before a checkpoint is restored."""
-        tensors = [*self.hosting.params, *_buffers(self.spec)]
+        tensors = [*self.hosting.params, *all_buffers(self.spec)]
         for dtype in dict.fromkeys(t.dtype for t in tensors):
             same = [t for t in tensors if t.dtype == dtype]
             flat = torch.cat([t.detach().reshape(-1) for t in same])
@@ -348,13 +348,3 @@ class OmniEngine:
         return StepResult(torch.tensor(loss_sum / count, dtype=torch.float64), record, plan,
                           tokens, grouped, metrics)
 
-
-def _buffers(spec: OmniSpec) -> list[Tensor]:
-    seen: set[int] = set()
-    out = []
-    for mod in all_modules(spec):
-        for b in mod.buffers():
-            if id(b) not in seen:
-                seen.add(id(b))
-                out.append(b)
-    return out

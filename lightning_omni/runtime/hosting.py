@@ -40,13 +40,21 @@ def stage_modules(spec: OmniSpec, layout: Layout, stage: int, encoders: bool) ->
 
 def all_parameters(spec: OmniSpec) -> list[Tensor]:
     """Every parameter of the spec's parts once, in an order every rank agrees on."""
+    return _once(p for mod in all_modules(spec) for p in mod.parameters())
+
+
+def all_buffers(spec: OmniSpec) -> list[Tensor]:
+    """Every buffer of the spec's parts once, in the same kind of order."""
+    return _once(b for mod in all_modules(spec) for b in mod.buffers())
+
+
+def _once(tensors: Iterator[Tensor]) -> list[Tensor]:
     seen: set[int] = set()
     out: list[Tensor] = []
-    for mod in all_modules(spec):
-        for p in mod.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
     return out
 
 
