@@ -17,6 +17,20 @@ from lightning_omni import OmniSpecError, OmniStrategy
 from lightning_omni.runtime import OmniEngine, OmniRuntimeError, make_layout
 
 
+@pytest.fixture(autouse=True)
+def _own_process_group():
+    """In-process fits start a gloo group and set MASTER_PORT: end both, or later tests that
+    launch DDP inherit a port this process still holds."""
+    import torch.distributed as dist
+
+    saved = dict(os.environ)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def _fit(model, strategy=None, data=None, **kw):
     trainer = Trainer(accelerator="cpu", devices=1, strategy=strategy or OmniStrategy(),
                       max_steps=kw.pop("max_steps", 1), logger=False,
