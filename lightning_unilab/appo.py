@@ -40,7 +40,7 @@ from lightning_unilab.losses import (
 from lightning_unilab.policy import ActorCritic
 from lightning_unilab.returns import bootstrap_truncated, episode_discounts, vtrace
 
-__all__ = ["APPOModule", "PreparedSlot", "adapted_lr"]
+__all__ = ["APPOModule", "PreparedSlot", "adapted_lr", "next_actor_lr"]
 
 _BATCH_KEYS = ("obs", "critic_obs", "actions", "behaviour_logp", "behaviour_mean",
                "behaviour_log_std", "rewards", "terminated", "truncated", "final_critic_obs",
@@ -96,6 +96,20 @@ def adapted_lr(lr: float, kl: float, desired_kl: float, lr_min: float, lr_max: f
     return lr
 
 
+def next_actor_lr(lr: float, kl: float, overshoot: float | None, desired_kl: float,
+                  lr_min: float, lr_max: float) -> float:
+    """The actor's lr for the next update, from this update's KL.
+
+    An update stopped by the trust region (``overshoot``: the KL that crossed it) shrinks the
+    lr by sqrt(desired / overshoot) (KL grows about as the square of the step), between 1/10
+    and 1/1.5; otherwise rsl_rl's band rule on the update's KL (:func:`adapted_lr`).
+    """
+    if overshoot is not None:
+        factor = min(1.0 / 1.5, max(0.1, math.sqrt(desired_kl / overshoot)))
+        return max(lr_min, lr * factor)
+    return adapted_lr(lr, kl, desired_kl, lr_min, lr_max)
+
+
 class APPOModule(pl.LightningModule):
     """Actor-critic trained with PPO-clip on V-trace targets, one rollout slot per step.
 
@@ -109,12 +123,20 @@ class APPOModule(pl.LightningModule):
         clip_ratio: PPO clip epsilon. ratio_form: "decoupled" (pi / pi_prox clipped, weighted by
             min(rho_bar, pi_prox / mu); pi_prox: the pre-update or target policy), "behaviour"
             (pi / mu) or "impact" (pi / max(mu, pi_target)). All three equal PPO on-policy.
-        value_clip: clip of the value change in the value loss (None: plain MSE).
+        value_clip: clip of the value change in the value loss (None: plain MSE), in the
+            critic's units: z-scores of the targets when ``normalize_values``.
+        normalize_values: the critic predicts its targets as a z-score under running statistics
+            of the V-trace targets (rescaled so that values are kept when they move).
         value_loss_coef, entropy_coef: weights of the value loss and entropy bonus.
         lr: Adam learning rate (the start value when adaptive). adaptive_lr: rsl_rl-style
             schedule on ``desired_kl``: lr /= 1.5 when KL > 2 * target, lr *= 1.5 when
             KL < target / 2, kept in [lr_min, lr_max]; KL of the pre-update policy to the current.
-            It moves the actor's lr only; the critic trains at ``critic_lr`` (default: ``lr``).
+            The KL is that of the whole update (pre-update policy to updated, over the slot) and
+            the lr moves once per update. It moves the actor's lr only; the critic trains at
+            ``critic_lr`` (default: ``lr``).
+        kl_stop: trust region of one update: once the KL of the pre-update policy to the current
+            one passes ``kl_stop * desired_kl`` the actor step that crossed it is undone and the
+            rest of the update trains the critic only (None: off).
         epochs, minibatches: passes over the slot and minibatches per pass.
         max_grad_norm: global gradient-norm clip (None: off).
         max_policy_lag: skip slots whose weights are more than this many updates old (None: off).
@@ -142,14 +164,16 @@ class APPOModule(pl.LightningModule):
         clip_ratio: float = 0.2,
         ratio_form: str = "decoupled",
         value_clip: float | None = 0.2,
+        normalize_values: bool = True,
         value_loss_coef: float = 1.0,
         entropy_coef: float = 0.01,
         lr: float = 1e-3,
         adaptive_lr: bool = True,
         desired_kl: float = 0.01,
-        lr_min: float = 1e-5,
+        lr_min: float = 1e-6,
         lr_max: float = 1e-2,
         critic_lr: float | None = None,
+        kl_stop: float | None = 2.0,
         epochs: int = 5,
         minibatches: int = 4,
         max_grad_norm: float | None = 1.0,
@@ -175,8 +199,11 @@ class APPOModule(pl.LightningModule):
         _in_range("lr", lr, 0.0, math.inf, low_open=True)
         if critic_lr is not None:
             _in_range("critic_lr", critic_lr, 0.0, math.inf, low_open=True)
-        if adaptive_lr:
+        if kl_stop is not None:
+            _in_range("kl_stop", kl_stop, 1.0, math.inf, low_open=True)
+        if adaptive_lr or kl_stop is not None:
             _in_range("desired_kl", desired_kl, 0.0, math.inf, low_open=True)
+        if adaptive_lr:
             _in_range("lr_min", lr_min, 0.0, math.inf, low_open=True)
             _in_range("lr_max", lr_max, lr_min, math.inf)
         _positive_int("epochs", epochs)
@@ -337,9 +364,11 @@ class APPOModule(pl.LightningModule):
         weights = (off_policy_weights(pick(slot.target_logp), pick(slot.behaviour_logp),
                                       hp.rho_bar) if hp.ratio_form == "decoupled" else None)
         pg_loss, clip_frac = ppo_surrogate(ratio, pick(slot.advantages), hp.clip_ratio, weights)
-        values = policy.value(pick(slot.critic_obs))
-        v_loss = clipped_value_loss(values, pick(slot.old_values), pick(slot.returns),
-                                    hp.value_clip)
+        # the critic's own units: z-scores under the value statistics (identity when off)
+        scale = policy.value_normalizer
+        values = policy.normalized_value(pick(slot.critic_obs))
+        v_loss = clipped_value_loss(values, scale.normalize(pick(slot.old_values)),
+                                    scale.normalize(pick(slot.returns)), hp.value_clip)
         log_std = policy.log_std.expand_as(dist.mean)
         entropy = gaussian_entropy(log_std)
         loss = pg_loss + hp.value_loss_coef * v_loss - hp.entropy_coef * entropy
@@ -373,7 +402,10 @@ class APPOModule(pl.LightningModule):
             self._policy.obs_normalizer.update_moments(*obs_moments)
             self._policy.critic_normalizer.update_moments(*critic_moments)
         slot = self.prepare(batch)
-        self._update(slot)
+        if self.hparams.normalize_values:
+            self._policy.value_normalizer.update_preserving(
+                self._policy.critic[-1], *self._moments(slot.returns[:, None]))
+        update = self._update(slot)
         self.policy_version += 1
         self._refresh_target()
         update_s = time.perf_counter() - start
@@ -385,9 +417,12 @@ class APPOModule(pl.LightningModule):
             "learner/lr": self._lr(),
             "learner/policy_version": float(self.policy_version),
             "learner/skipped_slots": float(self.skipped_slots),
+            **update,
         })
 
-    def _update(self, slot: PreparedSlot) -> None:
+    def _update(self, slot: PreparedSlot) -> dict[str, float]:
+        """epochs x minibatches steps; then the actor's lr for the next update from this one's
+        KL. Returns the update's metrics for the log."""
         hp = self.hparams
         opt = self.optimizers()
         size = slot.size
@@ -395,13 +430,27 @@ class APPOModule(pl.LightningModule):
             raise ValueError(f"minibatches: {hp.minibatches} is more than the {size} samples of "
                              "a slot (T*N)")
         mb = size // hp.minibatches
+        actor = self._optimizer().param_groups[0]["params"]
+        guard = hp.kl_stop * hp.desired_kl if hp.kl_stop is not None else None
+        before: list[Tensor] | None = None  # the actor before its latest step
+        overshoot: float | None = None  # the KL that stopped the actor
+        actor_steps = 0
         history: list[Tensor] = []
         for _ in range(hp.epochs):
             perm = torch.randperm(size, device=slot.obs.device)
             for i in range(hp.minibatches):
                 terms = self.loss_terms(slot, perm[i * mb:(i + 1) * mb])
+                if guard is not None and overshoot is None and before is not None:
+                    kl = self._mean_over_ranks(terms["kl"])
+                    if kl > guard:  # the last actor step left the trust region: undo it
+                        self._restore(actor, before)
+                        overshoot, actor_steps = kl, actor_steps - 1
+                        terms = self.loss_terms(slot, perm[i * mb:(i + 1) * mb])
                 opt.zero_grad()
                 self.manual_backward(terms["loss"])
+                if overshoot is not None:  # the critic goes on alone; Adam skips grad-less
+                    for p in actor:
+                        p.grad = None
                 if hp.max_grad_norm is not None:
                     self.clip_gradients(opt, gradient_clip_val=hp.max_grad_norm,
                                         gradient_clip_algorithm="norm")
@@ -410,18 +459,44 @@ class APPOModule(pl.LightningModule):
                     raise FloatingPointError(f"APPO loss is not finite ({bad}) at update "
                                              f"{self.policy_version}; no step taken. Lower lr "
                                              "or check the task's observations and rewards")
+                if guard is not None and overshoot is None:
+                    before = [p.detach().clone() for p in actor]
+                    actor_steps += 1
+                elif overshoot is None:
+                    actor_steps += 1
                 opt.step()
-                if hp.adaptive_lr:
-                    kl = self._reduce(terms["kl"].detach().clone(), dist.ReduceOp.SUM)
-                    self._adapt_lr(float(kl) / self._world_size())
                 history.append(torch.stack([terms[k].detach() for k in _TERMS]))
+        kl = self._update_kl(slot)
+        if guard is not None and overshoot is None and kl > guard and before is not None:
+            self._restore(actor, before)  # the final step, checked on the whole slot
+            overshoot, actor_steps = kl, actor_steps - 1
+            kl = self._update_kl(slot)
+        if hp.adaptive_lr:
+            self._set_lr(next_actor_lr(self._lr(), kl, overshoot, hp.desired_kl, hp.lr_min,
+                                       hp.lr_max))
         means = torch.stack(history).mean(0).tolist()
-        self.log_dict({f"loss/{k}" if "loss" in k or k == "entropy" else f"learner/{k}": v
-                       for k, v in zip(_TERMS, means, strict=True)})
+        logs = {f"loss/{k}" if "loss" in k or k == "entropy" else f"learner/{k}": v
+                for k, v in zip(_TERMS, means, strict=True) if k != "kl"}
+        return {**logs, "learner/kl": kl, "learner/actor_steps": float(actor_steps),
+                "learner/kl_stopped": float(overshoot is not None)}
 
-    def _adapt_lr(self, kl: float) -> None:
-        hp = self.hparams
-        lr = adapted_lr(self._lr(), kl, hp.desired_kl, hp.lr_min, hp.lr_max)
+    @torch.no_grad()
+    def _update_kl(self, slot: PreparedSlot) -> float:
+        """KL(pre-update policy || current) over the whole slot, averaged over the ranks."""
+        dist = self._policy.distribution(slot.obs)
+        kl = gaussian_kl(slot.old_mean, slot.old_log_std, dist.mean, dist.stddev.log())
+        return self._mean_over_ranks(kl)
+
+    @staticmethod
+    @torch.no_grad()
+    def _restore(params: list[Tensor], values: list[Tensor]) -> None:
+        for p, v in zip(params, values, strict=True):
+            p.copy_(v)
+
+    def _mean_over_ranks(self, x: Tensor) -> float:
+        return float(self._reduce(x.detach().clone(), dist.ReduceOp.SUM)) / self._world_size()
+
+    def _set_lr(self, lr: float) -> None:
         self._optimizer().param_groups[0]["lr"] = lr  # the actor's group
 
     # ------------------------------------------------------------------ helpers

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "MAX_LOG_RATIO",
     "RATIO_FORMS",
     "approx_kl",
     "clipped_value_loss",
@@ -28,6 +29,15 @@ __all__ = [
 # whose behaviour policy is already a step behind, so a lagged slot gives almost no gradient.
 RATIO_FORMS = ("behaviour", "impact", "decoupled")
 
+# |log ratio| beyond this is far outside any clip range; without the bound, a policy whose
+# small std has moved its mean by many std gives exp(log r) = inf in float32, and inf * A (or
+# 0 * -inf from an underflowed weight) turned the loss into NaN
+MAX_LOG_RATIO = 20.0
+
+
+def _safe_exp(log_ratio: Tensor) -> Tensor:
+    return log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()
+
 
 def policy_ratio(
     logp: Tensor, behaviour_logp: Tensor, target_logp: Tensor | None = None,
@@ -36,16 +46,16 @@ def policy_ratio(
     """pi/mu, pi/max(mu, pi_target) for ``form="impact"``, or pi/pi_target for
     ``form="decoupled"`` (both need ``target_logp``)."""
     if form == "behaviour":
-        return (logp - behaviour_logp).exp()
+        return _safe_exp(logp - behaviour_logp)
     if form == "impact":
         if target_logp is None:
             raise ValueError("target_logp: the 'impact' ratio needs the target policy's log-probs")
-        return (logp - torch.maximum(behaviour_logp, target_logp)).exp()
+        return _safe_exp(logp - torch.maximum(behaviour_logp, target_logp))
     if form == "decoupled":
         if target_logp is None:
             raise ValueError("target_logp: the 'decoupled' ratio needs the proximal policy's "
                              "log-probs")
-        return (logp - target_logp).exp()
+        return _safe_exp(logp - target_logp)
     raise ValueError(f"form: expected one of {RATIO_FORMS}, got {form!r}")
 
 
@@ -54,7 +64,7 @@ def off_policy_weights(target_logp: Tensor, behaviour_logp: Tensor, rho_bar: flo
     the same truncation V-trace applies to its policy-gradient term (IMPALA, eq. 4)."""
     if rho_bar <= 0:
         raise ValueError(f"rho_bar: expected a positive clip, got {rho_bar}")
-    return (target_logp - behaviour_logp).exp().clamp(max=rho_bar)
+    return _safe_exp(target_logp - behaviour_logp).clamp(max=rho_bar)
 
 
 def ppo_surrogate(ratio: Tensor, advantages: Tensor, clip: float,

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Normal
 
-__all__ = ["ActorCritic", "ObsNormalizer", "mlp"]
+__all__ = ["ActorCritic", "ObsNormalizer", "RunningMoments", "ValueNormalizer", "mlp"]
 
 _ACTIVATIONS = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
 
@@ -32,17 +32,15 @@ def mlp(
     return nn.Sequential(*layers)
 
 
-class ObsNormalizer(nn.Module):
-    """Running mean and variance (parallel Welford in float64), applied as a clipped z-score.
+class RunningMoments(nn.Module):
+    """Running mean and (biased) variance of a stream of rows, parallel Welford in float64.
 
     Statistics are buffers, so they travel with ``state_dict()`` into checkpoints and to the
     collector.
     """
 
-    def __init__(self, size: int, clip: float = 5.0, eps: float = 1e-8) -> None:
+    def __init__(self, size: int) -> None:
         super().__init__()
-        self.clip = clip
-        self.eps = eps
         self.register_buffer("mean", torch.zeros(size, dtype=torch.float64))
         self.register_buffer("var", torch.ones(size, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
@@ -71,14 +69,62 @@ class ObsNormalizer(nn.Module):
         self.var.copy_(m2 / total)
         self.count.copy_(total)
 
+
+class ObsNormalizer(RunningMoments):
+    """Observations as a clipped z-score under the running statistics."""
+
+    def __init__(self, size: int, clip: float = 5.0, eps: float = 1e-8) -> None:
+        super().__init__(size)
+        self.clip = clip
+        self.eps = eps
+
     def forward(self, x: Tensor) -> Tensor:
         mean = self.mean.to(x.dtype)
         std = (self.var + self.eps).sqrt().to(x.dtype)
         return ((x - mean) / std).clamp(-self.clip, self.clip)
 
 
+class ValueNormalizer(RunningMoments):
+    """Running statistics of the critic's targets: the critic's head predicts the z-score.
+
+    The value loss (and its clip) then has the same scale on every task: a pendulum's returns
+    of ~100 and a humanoid's of ~500 alike; in raw units the critic crawled towards them at Adam's
+    step size and a value clip of 0.2 held it a step behind the policy. While nothing has been
+    folded in (mean 0, std 1) it is the identity, exactly.
+    """
+
+    def __init__(self, min_std: float = 1e-4) -> None:
+        super().__init__(1)
+        self.min_std = min_std
+
+    def std(self) -> Tensor:
+        return self.var.sqrt().clamp_min(self.min_std)
+
+    def normalize(self, value: Tensor) -> Tensor:
+        return (value - self.mean.to(value.dtype)) / self.std().to(value.dtype)
+
+    def denormalize(self, z: Tensor) -> Tensor:
+        return self.mean.to(z.dtype) + self.std().to(z.dtype) * z
+
+    @torch.no_grad()
+    def update_preserving(self, head: nn.Linear, count: float, batch_mean: Tensor,
+                          batch_var: Tensor) -> None:
+        """Fold in a batch of targets and rescale the linear ``head`` so that the values it
+        gives, ``mean + std * head(h)``, stay what they were (PopArt's output preservation,
+        van Hasselt et al. 2016): only gradient steps move the critic."""
+        old_mean, old_std = self.mean.clone(), self.std()
+        self.update_moments(count, batch_mean, batch_var)
+        new_mean, new_std = self.mean, self.std()
+        scale = old_std / new_std
+        head.weight.mul_(scale.to(head.weight.dtype))
+        head.bias.copy_(((old_std * head.bias.double() + old_mean - new_mean) / new_std)
+                        .to(head.bias.dtype))
+
+
 class ActorCritic(nn.Module):
-    """Gaussian MLP actor (state-independent log std) and MLP critic, each with its normalizer.
+    """Gaussian MLP actor (state-independent log std) and MLP critic, each with its normalizer;
+    the critic's output is de-normalized by ``value_normalizer`` (the identity until a learner
+    folds target statistics into it).
 
     ``critic_size`` may differ from ``obs_size`` (privileged critic observations).
     """
@@ -103,6 +149,7 @@ class ActorCritic(nn.Module):
         self.normalize_obs = normalize_obs
         self.obs_normalizer = ObsNormalizer(obs_size)
         self.critic_normalizer = ObsNormalizer(critic_size)
+        self.value_normalizer = ValueNormalizer()
         self.actor = mlp(obs_size, actor_hidden, action_size, activation)
         self.critic = mlp(critic_size, critic_hidden, 1, activation)
         self.log_std = nn.Parameter(torch.full((action_size,), float(init_log_std)))
@@ -121,6 +168,10 @@ class ActorCritic(nn.Module):
 
     def value(self, critic_obs: Tensor) -> Tensor:
         """State values ``[...]`` for raw critic observations ``[..., critic_size]``."""
+        return self.value_normalizer.denormalize(self.normalized_value(critic_obs))
+
+    def normalized_value(self, critic_obs: Tensor) -> Tensor:
+        """The critic head's output: the value as a z-score under ``value_normalizer``."""
         return self.critic(self._critic_input(critic_obs)).squeeze(-1)
 
     @torch.no_grad()
