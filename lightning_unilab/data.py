@@ -37,7 +37,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_unilab.collector import Collector, CollectorConfig
+from lightning_unilab.collector import Collector, CollectorConfig, available_cpus
 from lightning_unilab.randomization import Randomization
 from lightning_unilab.ring import Ring
 from lightning_unilab.rollout import RolloutSpec, as_tensors
@@ -52,6 +52,13 @@ class EnvSpec:
     obs_size: int
     critic_size: int
     action_size: int
+
+
+def _auto_threads(mode: str, local_ranks: int) -> int:
+    """The collector's share of the CPUs: all of a rank's in sync mode (its learner waits while
+    it collects), all but the learner's one in async mode."""
+    share = max(1, available_cpus() // max(1, local_ranks))
+    return share if mode == "sync" else max(1, share - 1)
 
 
 def _identity(batch: Any) -> Any:
@@ -108,7 +115,9 @@ class RolloutDataModule(pl.LightningDataModule):
         num_slots: ring slots (>= 2: one read while one is written).
         writer_policy: "block" (default) or "overwrite_oldest".
         mode: "async" (APPO) or "sync" (the collector waits for the latest weights: PPO).
-        collector_threads: CPU threads of the collector (env pool and actor).
+        collector_threads: CPU threads of the collector (env pool and actor). None: every CPU
+            this process may use in sync mode (the learner waits while it collects), all but
+            one in async mode (the learner's), at least one.
         seed: env seed of rank 0; rank r uses seed + r.
         zero_copy: yield views of the slot (True) or private copies.
         start_timeout: seconds the collector may take to build its env.
@@ -124,7 +133,7 @@ class RolloutDataModule(pl.LightningDataModule):
         num_slots: int = 4,
         writer_policy: str = "block",
         mode: str = "async",
-        collector_threads: int = 1,
+        collector_threads: int | None = None,
         seed: int = 0,
         zero_copy: bool = True,
         start_timeout: float = 300.0,
@@ -141,8 +150,9 @@ class RolloutDataModule(pl.LightningDataModule):
                 raise TypeError(f"randomization: expected a Randomization (callable as "
                                 f"(rng, ids) -> draws), got {type(randomization).__name__}")
             env_kwargs["randomization"] = randomization
+        self._auto_threads = collector_threads is None
         self.config = CollectorConfig(task, num_envs, horizon, env_kwargs,
-                                      collector_threads, seed, mode)
+                                      collector_threads or _auto_threads(mode, 1), seed, mode)
         self.config.check()
         from lightning_unilab import tasks
 
@@ -195,6 +205,9 @@ class RolloutDataModule(pl.LightningDataModule):
                                "it in the module's setup() from datamodule.env_spec")
         rank = trainer.global_rank if trainer is not None else 0
         self.stop_collector()
+        if self._auto_threads and trainer is not None:  # the CPUs are shared by this node's ranks
+            threads = _auto_threads(self.config.mode, trainer.num_devices)
+            self.config = CollectorConfig(**{**self.config.__dict__, "threads": threads})
         config = CollectorConfig(**{**self.config.__dict__, "seed": self.config.seed + rank,
                                     "counters": self.counters or None})
         # a resumed run continues its version numbers (the module checkpoints its own count)

@@ -8,7 +8,7 @@ import torch
 from inprocess_rollouts import FixedBatches, one_rollout
 from torch.distributions import Normal, kl_divergence
 
-from lightning_unilab.appo import APPOModule, adapted_lr
+from lightning_unilab.appo import APPOModule, adapted_lr, next_actor_lr
 from lightning_unilab.losses import (
     approx_kl,
     clipped_value_loss,
@@ -18,7 +18,7 @@ from lightning_unilab.losses import (
     policy_ratio,
     ppo_surrogate,
 )
-from lightning_unilab.policy import ActorCritic
+from lightning_unilab.policy import ActorCritic, ValueNormalizer
 from lightning_unilab.rollout import RolloutSpec
 
 # ---------------------------------------------------------------- loss terms by hand
@@ -95,6 +95,51 @@ def test_adapted_lr_rule():
     assert adapted_lr(1e-3, 0.01, 0.01, 1e-5, 1e-2) == 1e-3
     assert adapted_lr(1.2e-5, 1.0, 0.01, 1e-5, 1e-2) == 1e-5
     assert adapted_lr(9e-3, 0.0, 0.01, 1e-5, 1e-2) == 1e-2
+
+
+def test_next_actor_lr_after_a_stopped_update_shrinks_by_the_square_root():
+    # stopped at KL 0.04 against 0.01: the step was 2x too long, so half the lr
+    assert next_actor_lr(1e-3, 0.0, 0.04, 0.01, 1e-6, 1e-2) == pytest.approx(5e-4)
+    # barely over: at least /1.5 (a stop must lower the lr); far over: at most /10
+    assert next_actor_lr(1e-3, 0.0, 0.011, 0.01, 1e-6, 1e-2) == pytest.approx(1e-3 / 1.5)
+    assert next_actor_lr(1e-3, 0.0, 100.0, 0.01, 1e-6, 1e-2) == pytest.approx(1e-4)
+    assert next_actor_lr(2e-6, 0.0, 100.0, 0.01, 1e-6, 1e-2) == 1e-6
+    # not stopped: the band rule on the update's KL, whatever the (absent) overshoot
+    assert next_actor_lr(1e-3, 0.004, None, 0.01, 1e-6, 1e-2) == pytest.approx(1.5e-3)
+    assert next_actor_lr(1e-3, 0.01, None, 0.01, 1e-6, 1e-2) == 1e-3
+
+
+def test_log_ratios_far_out_stay_finite():
+    logp, other = torch.tensor([0.0, 0.0]), torch.tensor([-300.0, 300.0])
+    for form in ("behaviour", "impact", "decoupled"):
+        assert torch.isfinite(policy_ratio(logp, other, other, form)).all()
+    weights = off_policy_weights(other, -other, 1.0)  # exp(-600) underflows to 0 without bounds
+    ratio = policy_ratio(logp, other, other, "decoupled")
+    loss, _ = ppo_surrogate(ratio, torch.tensor([-1.0, 0.0]), 0.2, weights)
+    assert torch.isfinite(loss)  # was 0 * -inf = NaN: the NaN loss of a collapsed std
+
+
+def test_value_normalizer_keeps_values_when_its_statistics_move():
+    torch.manual_seed(0)
+    policy = ActorCritic(3, 3, 1, actor_hidden=(8,), critic_hidden=(8,))
+    x = torch.randn(50, 3)
+    before = policy.value(x).detach()
+    norm = policy.value_normalizer
+    norm.update_preserving(policy.critic[-1], 100.0, torch.tensor([50.0]), torch.tensor([400.0]))
+    torch.testing.assert_close(policy.value(x), before, atol=1e-4, rtol=1e-5)
+    assert norm.mean.item() == 50.0 and norm.std().item() == 20.0
+    torch.testing.assert_close(policy.normalized_value(x), (before - 50.0) / 20.0, atol=1e-5,
+                               rtol=1e-5)
+    norm.update_preserving(policy.critic[-1], 300.0, torch.tensor([-10.0]), torch.tensor([9.0]))
+    torch.testing.assert_close(policy.value(x), before, atol=1e-4, rtol=1e-5)
+    assert norm.count.item() == 400.0
+    assert norm.mean.item() == pytest.approx((100 * 50 - 300 * 10) / 400)
+
+
+def test_value_normalizer_is_the_identity_until_used():
+    norm = ValueNormalizer()
+    v = torch.tensor([3.0, -7.5])
+    assert torch.equal(norm.normalize(v), v) and torch.equal(norm.denormalize(v), v)
 
 
 # ---------------------------------------------------------------- the module's targets
@@ -268,6 +313,59 @@ def test_adaptive_lr_moves_the_actor_group_only(pendulum_batch):
     ids = [id(p) for g in (actor, critic) for p in g["params"]]
     assert sorted(ids) == sorted(id(p) for p in module.policy.parameters())
     assert id(module.policy.log_std) in {id(p) for p in actor["params"]}
+
+
+def test_trust_region_undoes_the_step_that_crosses_it(pendulum_batch):
+    policy, batch, spec = pendulum_batch
+    module = APPOModule(policy=_copy(policy), lr=0.05, desired_kl=1e-4, kl_stop=2.0, **SMALL)
+    critic_before = [p.detach().clone() for p in module.policy.critic.parameters()]
+    trainer = _fit(module, FixedBatches([batch], spec))
+    logged = trainer.callback_metrics
+    # a huge lr leaves the region at the first step: undone, the actor is where it started
+    assert logged["learner/kl_stopped"].item() == 1.0
+    assert logged["learner/actor_steps"].item() == 0.0
+    assert logged["learner/kl"].item() <= 2e-4
+    for a, b in zip(module.policy.actor.parameters(), policy.actor.parameters(), strict=True):
+        assert torch.equal(a, b)
+    # ... while the critic trained on, and the next update gets a much smaller lr
+    assert not all(torch.equal(a, b) for a, b in zip(module.policy.critic.parameters(),
+                                                     critic_before, strict=True))
+    assert module._lr() < 0.05 / 1.5
+
+
+def test_trust_region_keeps_the_steps_inside_it(pendulum_batch):
+    policy, batch, spec = pendulum_batch
+    module = APPOModule(policy=_copy(policy), lr=3e-3, desired_kl=0.01, kl_stop=2.0,
+                        adaptive_lr=False, epochs=8, minibatches=4,
+                        actor_hidden=(32, 32), critic_hidden=(32, 32))
+    trainer = _fit(module, FixedBatches([batch], spec))
+    logged = trainer.callback_metrics
+    steps = logged["learner/actor_steps"].item()
+    assert 0 < steps < 32 and logged["learner/kl_stopped"].item() == 1.0
+    # the pre-update policy: the starting weights under the statistics the update used
+    start = _copy(policy)
+    start.obs_normalizer.load_state_dict(module.policy.obs_normalizer.state_dict())
+    with torch.no_grad():
+        old, new = start.distribution(batch["obs"]), module.policy.distribution(batch["obs"])
+        kl = gaussian_kl(old.mean, old.stddev.log(), new.mean, new.stddev.log())
+    assert kl.item() == pytest.approx(logged["learner/kl"].item(), rel=1e-4)
+    assert kl.item() <= 0.02
+    assert module._lr() == 3e-3  # adaptive_lr off: the region still holds, the lr stays
+
+
+def test_value_loss_is_in_the_critics_units(pendulum_batch):
+    policy, batch, _ = pendulum_batch
+    module = APPOModule(policy=_copy(policy), value_clip=None)
+    slot = module.prepare(batch)
+    norm = module.policy.value_normalizer
+    norm.update_preserving(module.policy.critic[-1], slot.size, slot.returns.double().mean()[None],
+                           slot.returns.double().var(unbiased=False)[None])
+    with torch.no_grad():
+        terms = module.loss_terms(slot)
+        z = module.policy.normalized_value(slot.critic_obs)
+    want = (z - (slot.returns - norm.mean.float()) / norm.std().float()).square().mean()
+    torch.testing.assert_close(terms["value_loss"], want)
+    assert norm.std().item() > 2.0  # the raw MSE would be std^2 times larger
 
 
 def test_target_network_follows_the_policy(pendulum_batch):

@@ -173,3 +173,13 @@ def test_ddp_ranks_run_their_own_collectors(tmp_path):
     assert not torch.equal(r0["first_obs"], r1["first_obs"])  # seeds 5 and 6
     torch.testing.assert_close(r0["params"], r1["params"])
     assert not _shm(orphans=True) - orphans_before
+
+
+def test_collector_threads_default_to_the_cores_the_mode_leaves_free():
+    from lightning_unilab.collector import available_cpus
+
+    cpus = available_cpus()
+    assert RolloutDataModule("InvertedPendulum-v5", mode="sync").config.threads == cpus
+    assert RolloutDataModule("InvertedPendulum-v5").config.threads == max(1, cpus - 1)
+    assert RolloutDataModule("InvertedPendulum-v5", collector_threads=1,
+                             mode="sync").config.threads == 1
