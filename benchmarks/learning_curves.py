@@ -1,7 +1,8 @@
 """Return against wall time and env steps: APPO, synchronous PPO, SB3 PPO and rsl_rl PPO.
 
     python benchmarks/learning_curves.py --task HalfCheetah-v5 --budget-s 600 --seeds 3 \
-        --out build/curves_half_cheetah.json [--algos appo,sync_ppo,sb3_ppo,rsl_rl_ppo]
+        --out build/curves_half_cheetah.json [--algos appo,sync_ppo,sb3_ppo,rsl_rl_ppo] \
+        [--set model.max_policy_lag=3]
 
 Every (algo, seed) run gets the same wall-clock budget, in its own fresh process, one at a time
 (never two at once: the machine has 2 cores). The clock starts after the imports, before the
@@ -91,8 +92,10 @@ class Curve:
             self.time_to_threshold = round(wall, 3)
 
 
-def load_recipe(task: str, recipe: str | None = None) -> dict[str, Any]:
-    """The model and data init args of the task's recipe YAML."""
+def load_recipe(task: str, recipe: str | None = None,
+                overrides: list[str] | None = None) -> dict[str, Any]:
+    """The model and data init args of the task's recipe YAML, with ``section.key=value``
+    overrides (values parsed as YAML)."""
     import yaml
 
     path = Path(recipe) if recipe else ROOT / "recipes" / "unilab" / RECIPES[task]
@@ -102,7 +105,15 @@ def load_recipe(task: str, recipe: str | None = None) -> dict[str, Any]:
         section = dict(section or {})
         return dict(section.get("init_args", {})) if "class_path" in section else section
 
-    return {"path": str(path), "model": args(cfg.get("model")), "data": args(cfg.get("data"))}
+    out = {"path": str(path), "model": args(cfg.get("model")), "data": args(cfg.get("data"))}
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot or section not in ("model", "data"):
+            raise ValueError(f"--set: expected model.KEY=VALUE or data.KEY=VALUE, got {item!r}")
+        out[section][name] = yaml.safe_load(value)
+    out["overrides"] = list(overrides or [])
+    return out
 
 
 def _instantiate(value: Any) -> Any:
@@ -135,7 +146,7 @@ def run_lightning(task: str, mode: str, seed: int, budget_s: float, curve: Curve
     data_args = {**_instantiate(recipe["data"]), "task": task, "mode": mode, "seed": seed}
     dm = RolloutDataModule(**data_args)
     module = APPOModule(**_instantiate(recipe["model"]))
-    last = {"total": 0, "lag": []}
+    last: dict[str, Any] = {"total": 0, "lag": [], "lr": [], "kl": []}
 
     class Record(pl.Callback):
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
@@ -147,6 +158,10 @@ def run_lightning(task: str, mode: str, seed: int, budget_s: float, curve: Curve
                           int(stats["env_steps"]))
             last["env_steps"] = int(stats["env_steps"])
             last["lag"].append(pl_module.policy_version - 1 - int(stats["policy_version"]))
+            logged = trainer.callback_metrics
+            if "learner/kl" in logged and len(last["kl"]) < pl_module.policy_version:
+                last["lr"].append(float(logged["learner/lr"]))
+                last["kl"].append(float(logged["learner/kl"]))
             if curve.elapsed() >= budget_s or (stop_at_threshold and
                                                curve.time_to_threshold is not None):
                 trainer.should_stop = True
@@ -154,11 +169,20 @@ def run_lightning(task: str, mode: str, seed: int, budget_s: float, curve: Curve
     trainer = pl.Trainer(max_steps=-1, max_epochs=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[Record()], accelerator="cpu", devices=1)
-    trainer.fit(module, datamodule=dm)
-    lag = last["lag"]
+    error = None
+    try:
+        trainer.fit(module, datamodule=dm)
+    except FloatingPointError as exc:  # a learner blow-up is a result to report, not a crash
+        error = str(exc)
+    lag, lrs, hp = last["lag"], last["lr"], module.hparams
+    floor = sum(lr <= hp.lr_min * (1 + 1e-6) for lr in lrs)
     return {"env_steps": last.get("env_steps", 0), "updates": module.policy_version,
             "mean_policy_lag": sum(lag) / len(lag) if lag else None,
-            "num_envs": dm.config.num_envs, "horizon": dm.config.horizon}
+            "num_envs": dm.config.num_envs, "horizon": dm.config.horizon,
+            "collector_threads": dm.config.threads,
+            "lr_at_floor_fraction": floor / len(lrs) if lrs else None,
+            "first_update_kl": last["kl"][0] if last["kl"] else None,
+            "desired_kl": hp.desired_kl, "error": error}
 
 
 def run_sb3(task: str, seed: int, budget_s: float, curve: Curve,
@@ -273,9 +297,9 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
 
 
 def run_one(algo: str, task: str, seed: int, budget_s: float, recipe_path: str | None,
-            stop_at_threshold: bool) -> dict[str, Any]:
+            stop_at_threshold: bool, overrides: list[str] | None = None) -> dict[str, Any]:
     curve = Curve(THRESHOLDS.get(task))
-    recipe = load_recipe(task, recipe_path) if algo != "sb3_ppo" else None
+    recipe = load_recipe(task, recipe_path, overrides) if algo != "sb3_ppo" else None
     if algo in ("appo", "sync_ppo"):
         mode = "async" if algo == "appo" else "sync"
         extra = run_lightning(task, mode, seed, budget_s, curve, recipe, stop_at_threshold)
@@ -289,10 +313,19 @@ def run_one(algo: str, task: str, seed: int, budget_s: float, recipe_path: str |
             "wall_s": round(curve.elapsed(), 3), "episodes": curve.episodes,
             "curve": curve.points, "time_to_threshold_s": curve.time_to_threshold,
             "final_return": curve.points[-1][2] if curve.points else None,
-            "recipe": recipe["path"] if recipe else None, **extra}
+            "max_return": max((p[2] for p in curve.points), default=None),
+            "mean_return_last_30s": _tail_mean(curve.points, curve.elapsed() - 30.0),
+            "recipe": recipe["path"] if recipe else None,
+            "overrides": recipe["overrides"] if recipe else [], **extra}
 
 
 # ---------------------------------------------------------------------- driver
+
+
+def _tail_mean(points: list[list[float]], since_s: float) -> float | None:
+    """Mean of the curve's returns from ``since_s`` on (the run's last stretch)."""
+    tail = [p[2] for p in points if p[0] >= since_s]
+    return sum(tail) / len(tail) if tail else None
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -303,6 +336,11 @@ def _median(values: list[float | None]) -> float | None:
     k = len(xs) // 2
     mid = xs[k] if len(xs) % 2 else 0.5 * (xs[k - 1] + xs[k])
     return None if math.isinf(mid) else mid
+
+
+def _worst(values: list[float | None], pick: Any) -> float | None:
+    known = [v for v in values if v is not None]
+    return pick(known) if known else None
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -316,6 +354,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "median_time_to_threshold_s": _median([r["time_to_threshold_s"] for r in mine]),
             "median_final_return": sorted(finals)[len(finals) // 2] if finals else None,
             "mean_env_steps_per_s": sum(r["env_steps"] / r["wall_s"] for r in mine) / len(mine),
+            "min_max_return": _worst([r.get("max_return") for r in mine], min),
+            "min_mean_return_last_30s": _worst([r.get("mean_return_last_30s") for r in mine], min),
+            "errors": sum(bool(r.get("error")) for r in mine),
+            "max_lr_at_floor_fraction": _worst([r.get("lr_at_floor_fraction") for r in mine], max),
+            "max_first_update_kl": _worst([r.get("first_update_kl") for r in mine], max),
         }
     appo = table.get("appo", {}).get("median_time_to_threshold_s")
     for row in table.values():
@@ -327,7 +370,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def print_table(task: str, table: dict[str, dict[str, Any]], threshold: float | None) -> None:
     print(f"\n{task}: threshold {threshold}, median over seeds")
     head = (f"{'algo':<12}{'seeds':>6}{'reached':>8}{'t_thresh_s':>12}{'final_ret':>11}"
-            f"{'steps/s':>10}{'appo x':>8}")
+            f"{'steps/s':>10}{'appo x':>8}{'worst_max':>10}{'worst_last30':>13}{'errors':>7}"
+            f"{'lr_floor':>9}{'kl_first':>9}")
     print(head)
     print("-" * len(head))
 
@@ -338,7 +382,11 @@ def print_table(task: str, table: dict[str, dict[str, Any]], threshold: float | 
         print(f"{algo:<12}{r['seeds']:>6}{r['reached']:>8}"
               f"{fmt(r['median_time_to_threshold_s'], '.1f'):>12}"
               f"{fmt(r['median_final_return'], '.0f'):>11}"
-              f"{r['mean_env_steps_per_s']:>10.0f}{fmt(r['appo_speedup'], '.2f'):>8}")
+              f"{r['mean_env_steps_per_s']:>10.0f}{fmt(r['appo_speedup'], '.2f'):>8}"
+              f"{fmt(r.get('min_max_return'), '.0f'):>10}"
+              f"{fmt(r.get('min_mean_return_last_30s'), '.0f'):>13}{r.get('errors', 0):>7}"
+              f"{fmt(r.get('max_lr_at_floor_fraction'), '.0%'):>9}"
+              f"{fmt(r.get('max_first_update_kl'), '.3g'):>9}")
 
 
 def plot(task: str, runs: list[dict[str, Any]], out_dir: Path, threshold: float | None,
@@ -450,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed-offset", type=int, default=0)
     parser.add_argument("--algos", default=",".join(ALGOS))
     parser.add_argument("--recipe", default=None, help="recipe YAML (default: the task's)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override the recipe, e.g. --set model.max_policy_lag=3 (repeatable)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--plot-dir", default=str(ROOT / "docs" / "unilab" / "img"))
     parser.add_argument("--no-plot", action="store_true")
@@ -472,6 +522,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.budget_s, args.seeds, args.no_plot = min(args.budget_s, 8.0), 1, True
+    try:
+        load_recipe(args.task, args.recipe, args.set) if args.task in RECIPES or args.recipe \
+            else None
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.budget_s <= 0:
         parser.error(f"--budget-s: expected a positive number of seconds, got {args.budget_s}")
     if args.seeds < 1:
@@ -487,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:  # one run in this fresh process; JSON on the last line of stdout
         algo, seed = args.worker[0], int(args.worker[1])
         result = run_one(algo, args.task, seed, args.budget_s, args.recipe,
-                         args.stop_at_threshold)
+                         args.stop_at_threshold, args.set)
         Path(args.out).write_text(json.dumps(result))
         return 0
 
@@ -512,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--recipe", args.recipe]
             if args.stop_at_threshold:
                 cmd.append("--stop-at-threshold")
+            for item in args.set:
+                cmd += ["--set", item]
             print(f"[{time.strftime('%H:%M:%S')}] {algo} seed {seed} ({args.budget_s:.0f} s)",
                   flush=True)
             env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep +
@@ -523,7 +580,10 @@ def main(argv: list[str] | None = None) -> int:
             run = json.loads(part.read_text())
             part.unlink()
             print(f"    reached {THRESHOLDS.get(args.task)} at {run['time_to_threshold_s']} s; "
-                  f"final return {run['final_return']}; {run['env_steps']} env steps",
+                  f"final return {run['final_return']}; {run['env_steps']} env steps"
+                  + (f"; lr at floor {run['lr_at_floor_fraction']:.0%}, first-update KL "
+                     f"{run['first_update_kl']:.3g}" if run.get("first_update_kl") is not None
+                     else "") + (f"; ERROR {run['error']}" if run.get("error") else ""),
                   flush=True)
             runs.append(run)
             _write(out, args, runs)
