@@ -69,10 +69,23 @@ class Episode:
     def ret(self) -> float:
         return float(self.rewards.sum())
 
+    def tracking(self) -> dict[str, float] | None:
+        """Mean velocity-tracking errors against the command (locomotion tasks), and how many
+        times the command changed during the episode."""
+        s = self.series
+        if not {"vx", "vy", "yaw_rate", "vx_command", "vy_command", "yaw_rate_command"} <= set(s):
+            return None
+        lin = np.hypot(s["vx"] - s["vx_command"], s["vy"] - s["vy_command"])
+        yaw = np.abs(s["yaw_rate"] - s["yaw_rate_command"])
+        cmd = np.stack([s["vx_command"], s["vy_command"], s["yaw_rate_command"]], 1)
+        changes = int(np.any(np.diff(cmd, axis=0) != 0, axis=1).sum())
+        return {"lin_vel_error_mps": float(lin.mean()), "yaw_rate_error_radps": float(yaw.mean()),
+                "command_changes": changes}
+
     def summary(self) -> dict[str, Any]:
         return {"task": self.task, "return": self.ret, "length": self.length,
                 "duration_s": self.length * self.dt, "terminated": self.terminated,
-                "rewards": self.rewards.tolist(),
+                "tracking": self.tracking(), "rewards": self.rewards.tolist(),
                 "terms": {k: v.tolist() for k, v in self.terms.items()},
                 "series": {k: v.tolist() for k, v in self.series.items()}}
 
@@ -207,6 +220,11 @@ def plot_episode(episode: Episode, path: str | os.PathLike) -> Path:
                 ax.plot(t, command, color=f"C{i}", ls="--", label=f"{key} command")
         ax.set_ylabel("velocity")
         ax.legend(fontsize=7, ncol=3, loc="upper right")
+        tracking = episode.tracking()
+        if tracking is not None:
+            ax.set_title(f"mean tracking error: linear {tracking['lin_vel_error_mps']:.2f} m/s, "
+                         f"yaw {tracking['yaw_rate_error_radps']:.2f} rad/s; "
+                         f"{tracking['command_changes']} command changes", fontsize=8)
     if named:
         ax = axes[k]
         for key, values in named.items():
@@ -300,11 +318,14 @@ class EvaluationRollout(pl.Callback):
         video: try to write the GIF (needs an OpenGL backend; the plot is always written).
         max_frames, size: GIF frames (every k-th step) and (width, height).
         randomize: keep the data module's domain randomization in the evaluation env.
+        task_params: task parameters for the evaluation env only, over the training ones, e.g.
+            ``{resample_steps: 250}`` for a new g1-walk-flat command every 5 s.
     """
 
     def __init__(self, out_dir: str | None = None, max_steps: int | None = None, seed: int = 0,
                  video: bool = True, max_frames: int = 100, size: Sequence[int] = (240, 180),
-                 randomize: bool = False) -> None:
+                 randomize: bool = False,
+                 task_params: Mapping[str, float] | None = None) -> None:
         if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
             raise ValueError(f"max_steps: expected an int >= 1 or None, got {max_steps!r}")
         if len(size) != 2:
@@ -312,6 +333,10 @@ class EvaluationRollout(pl.Callback):
         self.out_dir, self.max_steps, self.seed = out_dir, max_steps, seed
         self.video, self.max_frames, self.size = video, max_frames, (int(size[0]), int(size[1]))
         self.randomize = randomize
+        if task_params is not None and not isinstance(task_params, Mapping):
+            raise TypeError(f"task_params: expected a mapping of task parameters, got "
+                            f"{type(task_params).__name__}")
+        self.task_params = dict(task_params or {})
         self.summary: dict[str, Any] | None = None
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -326,6 +351,8 @@ class EvaluationRollout(pl.Callback):
         kwargs = dict(config.task_kwargs)
         if not self.randomize:
             kwargs.pop("randomization", None)
+        if self.task_params:
+            kwargs["params"] = {**dict(kwargs.get("params") or {}), **self.task_params}
         out = Path(self.out_dir) if self.out_dir else Path(trainer.log_dir or
                                                            trainer.default_root_dir) / "evaluation"
         import copy
@@ -335,12 +362,20 @@ class EvaluationRollout(pl.Callback):
                                        self.max_steps, self.video, self.max_frames, self.size)
         msg = (f"evaluation: return {self.summary['return']:.1f} over {self.summary['length']} "
                f"steps; plot {self.summary['plot']}")
+        tracking = self.summary.get("tracking")
+        if tracking:
+            msg += (f"; tracking error {tracking['lin_vel_error_mps']:.2f} m/s, "
+                    f"{tracking['yaw_rate_error_radps']:.2f} rad/s over "
+                    f"{tracking['command_changes']} command changes")
         if self.summary["video"]:
             msg += f", video {self.summary['video']}"
+        metrics = {"eval/return": self.summary["return"],
+                   "eval/episode_length": float(self.summary["length"])}
+        if tracking:
+            metrics["eval/lin_vel_error"] = tracking["lin_vel_error_mps"]
+            metrics["eval/yaw_rate_error"] = tracking["yaw_rate_error_radps"]
         for logger in trainer.loggers:
-            logger.log_metrics({"eval/return": self.summary["return"],
-                                "eval/episode_length": float(self.summary["length"])},
-                               step=trainer.global_step)
+            logger.log_metrics(metrics, step=trainer.global_step)
             logger.finalize("success")  # fit already closed the loggers: flush these too
         print(msg, flush=True)
 
@@ -355,13 +390,25 @@ def _main(argv: Sequence[str] | None = None) -> None:
     ck.add_argument("--max-steps", type=int, default=None)
     ck.add_argument("--seed", type=int, default=0)
     ck.add_argument("--no-video", action="store_true")
+    ck.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="a task parameter for the evaluation env, e.g. resample_steps=250")
     args = parser.parse_args(argv)
+    params: dict[str, float] = {}
+    for item in args.param:
+        name, sep, value = item.partition("=")
+        try:
+            params[name] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            parser.error(f"--param: expected NAME=NUMBER, got {item!r}")
     from lightning_unilab.appo import APPOModule
 
     module = APPOModule.load_from_checkpoint(args.ckpt, map_location="cpu")
-    summary = evaluate_policy(module.policy, args.task, args.out, seed=args.seed,
+    summary = evaluate_policy(module.policy, args.task, args.out,
+                              {"params": params} if params else None, seed=args.seed,
                               max_steps=args.max_steps, video=not args.no_video)
-    print(json.dumps({k: summary[k] for k in ("return", "length", "plot", "video")}))
+    print(json.dumps({k: summary[k] for k in ("return", "length", "tracking", "plot", "video")}))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ def _tiny(recipe: str, tmp_path: Path, video: bool) -> Path:
              if c["class_path"] == "lightning_unilab.evaluate.EvaluationRollout"]
     assert len(evals) == 1, "each recipe ends with an EvaluationRollout"
     evals[0]["init_args"].update(max_steps=12, video=video, max_frames=4, size=[48, 36])
+    if "task_params" in evals[0]["init_args"]:  # g1: a new command every 4 of the 12 steps
+        evals[0]["init_args"]["task_params"] = {"resample_steps": 4}
     cfg["data"].update(num_envs=4, horizon=8)
     path = tmp_path / f"{recipe}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -72,6 +74,12 @@ def test_recipe_trains_two_rollouts_and_evaluates(recipe: str, tmp_path: Path) -
     if recipe == "g1_walk_flat":  # the plot's series: height, velocity and its command
         for key in ("base_height", "vx", "vx_command", "term_tracking_lin_vel"):
             assert len(summary["series"][key]) == summary["length"]
+        s, tracking = {k: np.asarray(v) for k, v in summary["series"].items()}, summary["tracking"]
+        lin = np.hypot(s["vx"] - s["vx_command"], s["vy"] - s["vy_command"]).mean()
+        assert tracking["lin_vel_error_mps"] == pytest.approx(lin)
+        yaw = np.abs(s["yaw_rate"] - s["yaw_rate_command"]).mean()
+        assert tracking["yaw_rate_error_radps"] == pytest.approx(yaw)
+        assert tracking["command_changes"] == summary["length"] // 4  # after steps 4, 8, 12
 
 
 def test_g1_recipe_randomizes_per_env_and_survives_pickling() -> None:
