@@ -500,9 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", default=None, help="recipe YAML (default: the task's)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override the recipe, e.g. --set model.max_policy_lag=3 (repeatable)")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="JSON of the runs (required unless --plot-from)")
     parser.add_argument("--plot-dir", default=str(ROOT / "docs" / "unilab" / "img"))
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--plot-tag", default=None,
+                        help="name of the plot: curves_<tag>.png (default: from the task)")
+    parser.add_argument("--plot-from", metavar="JSON",
+                        help="plot the runs of a finished --out file and stop")
     parser.add_argument("--resume", action="store_true",
                         help="keep the finished (algo, seed) runs already in --out and run the "
                              "rest (default: start afresh; old runs may be of older code)")
@@ -514,11 +518,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="plot a recipe run's TensorBoard curves into --out (a PNG) and stop")
     parser.add_argument("--worker", nargs=2, metavar=("ALGO", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if not args.out and not args.plot_from:
+        parser.error("--out: required (where the runs' JSON, or --plot-run's PNG, goes)")
     if args.plot_run:
         series = plot_run(args.plot_run, Path(args.out))
         for tag, points in series.items():
             print(f"{tag}: {len(points)} points, first {points[0][1]:.4g}, last "
                   f"{points[-1][1]:.4g} at {points[-1][0]:.0f} s")
+        return 0
+    if args.plot_from:
+        doc = json.loads(Path(args.plot_from).read_text())
+        task = doc["config"]["task"]
+        tag = args.plot_tag or task.lower().replace("-", "_").replace(".", "_")
+        for path in plot(task, doc["runs"], Path(args.plot_dir), THRESHOLDS.get(task), tag):
+            print(f"plot: {path}")
         return 0
     if args.quick:
         args.budget_s, args.seeds, args.no_plot = min(args.budget_s, 8.0), 1, True
@@ -591,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     threshold = THRESHOLDS.get(args.task)
     print_table(args.task, table, threshold)
     if not args.no_plot:
-        tag = args.task.lower().replace("-", "_").replace(".", "_")
+        tag = args.plot_tag or args.task.lower().replace("-", "_").replace(".", "_")
         for path in plot(args.task, runs, Path(args.plot_dir), threshold, tag):
             print(f"plot: {path}")
     _write(out, args, runs, table)

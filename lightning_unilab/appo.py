@@ -432,6 +432,7 @@ class APPOModule(pl.LightningModule):
         mb = size // hp.minibatches
         actor = self._optimizer().param_groups[0]["params"]
         guard = hp.kl_stop * hp.desired_kl if hp.kl_stop is not None else None
+        start = [p.detach().clone() for p in actor] if guard is not None else []
         before: list[Tensor] | None = None  # the actor before its latest step
         overshoot: float | None = None  # the KL that stopped the actor
         actor_steps = 0
@@ -467,10 +468,15 @@ class APPOModule(pl.LightningModule):
                 opt.step()
                 history.append(torch.stack([terms[k].detach() for k in _TERMS]))
         kl = self._update_kl(slot)
-        if guard is not None and overshoot is None and kl > guard and before is not None:
-            self._restore(actor, before)  # the final step, checked on the whole slot
-            overshoot, actor_steps = kl, actor_steps - 1
-            kl = self._update_kl(slot)
+        if guard is not None and kl > guard:  # the same check on the whole slot
+            if overshoot is None and before is not None:  # the last step back
+                overshoot = kl
+                self._restore(actor, before)
+                actor_steps, kl = actor_steps - 1, self._update_kl(slot)
+            if kl > guard:  # the minibatch estimates missed it: back to the update's start
+                overshoot = kl if overshoot is None else overshoot
+                self._restore(actor, start)
+                actor_steps, kl = 0, self._update_kl(slot)
         if hp.adaptive_lr:
             self._set_lr(next_actor_lr(self._lr(), kl, overshoot, hp.desired_kl, hp.lr_min,
                                        hp.lr_max))
@@ -577,7 +583,7 @@ class APPOModule(pl.LightningModule):
         if not stats:
             return
         logs: dict[str, float] = {}
-        for key in ("env_steps_per_s", "env_steps", "wait_s", "episodes"):
+        for key in ("env_steps_per_s", "env_steps", "wait_s", "episodes", "slots_dropped"):
             if key in stats:
                 logs[f"rollout/{key}"] = float(stats[key])
         ret = float(stats.get("episode_return_mean", math.nan))

@@ -120,6 +120,9 @@ class RolloutDataModule(pl.LightningDataModule):
             one in async mode (the learner's), at least one.
         seed: env seed of rank 0; rank r uses seed + r.
         zero_copy: yield views of the slot (True) or private copies.
+        read_newest: take the newest ready slot and drop the older ones (counted in
+            ``slots_dropped``): slots that went stale while the learner updated are never
+            trained on, and the collector never waits. False: every slot, oldest first.
         start_timeout: seconds the collector may take to build its env.
     """
 
@@ -137,6 +140,7 @@ class RolloutDataModule(pl.LightningDataModule):
         seed: int = 0,
         zero_copy: bool = True,
         start_timeout: float = 300.0,
+        read_newest: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -163,6 +167,8 @@ class RolloutDataModule(pl.LightningDataModule):
                              f"written), got {num_slots!r}")
         self.num_slots, self.writer_policy = num_slots, writer_policy
         self.zero_copy = zero_copy
+        self.read_newest = bool(read_newest)
+        self.slots_dropped = 0
         self.start_timeout = start_timeout
         self._spec: RolloutSpec | None = None
         self.collector: Collector | None = None
@@ -243,12 +249,13 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         return {"counters": dict(self.counters), "policy_version": self.policy_version,
-                "slots_read": self.slots_read}
+                "slots_read": self.slots_read, "slots_dropped": self.slots_dropped}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.counters = dict(state_dict.get("counters", {}))
         self.policy_version = int(state_dict.get("policy_version", 0))
         self.slots_read = int(state_dict.get("slots_read", 0))
+        self.slots_dropped = int(state_dict.get("slots_dropped", 0))
 
     # ------------------------------------------------------------------ the stream
 
@@ -267,9 +274,18 @@ class RolloutDataModule(pl.LightningDataModule):
         slot, wait_s = collector.acquire()
         if slot is None:
             raise RuntimeError("RolloutDataModule: the collector was stopped")
+        while self.read_newest:  # a newer one is ready: this one went stale meanwhile
+            newer, _ = collector.acquire(timeout=0.0)
+            if newer is None:
+                break
+            collector.release(slot)
+            slot = newer
+            self.slots_dropped += 1
         start = time.perf_counter()
         arrays = collector.ring.arrays(slot)
         batch = as_tensors(arrays, wait_s, collector.spec.info_names)
+        if self.read_newest:
+            batch["stats"]["slots_dropped"] = self.slots_dropped
         if self.zero_copy:
             held.append(slot)
         else:

@@ -81,6 +81,18 @@ def test_async_fit_holds_slots_in_use_and_cleans_up(tmp_path):
     assert not _shm()
 
 
+def test_read_newest_drops_the_slots_that_went_stale(tmp_path):
+    dm = RolloutDataModule(TASK, num_envs=16, horizon=16, num_slots=3, read_newest=True)
+    probe = Probe(sleep=0.3)  # the collector fills the other slots during each step
+    _trainer(tmp_path, enable_checkpointing=False).fit(probe, datamodule=dm)
+    seqs = [s["seq"] for s in probe.seen]
+    assert seqs == sorted(set(seqs))
+    # every rollout was either trained on or dropped, and some were dropped
+    assert dm.slots_dropped == seqs[-1] + 1 - len(seqs) > 0
+    assert probe.seen[-1]["slots_dropped"] == dm.slots_dropped
+    assert not _shm()
+
+
 def test_sync_fit_trains_on_the_latest_weights(tmp_path):
     dm = RolloutDataModule(TASK, num_envs=16, horizon=8, mode="sync", zero_copy=False,
                            num_slots=2)

@@ -52,9 +52,25 @@ def test_median_counts_unreached_runs_as_infinite(lc) -> None:
     assert table["sync_ppo"]["appo_speedup"] == 1.5 and table["appo"]["appo_speedup"] == 1.0
 
 
+def test_tail_mean_and_worst_of_the_seeds(lc) -> None:
+    points = [[1.0, 10, 5.0], [20.0, 20, 7.0], [29.0, 30, 9.0]]
+    assert lc._tail_mean(points, 15.0) == 8.0
+    assert lc._tail_mean(points, 30.0) is None
+    runs = [{"algo": "appo", "time_to_threshold_s": None, "final_return": 1.0, "env_steps": 10,
+             "wall_s": 1.0, "max_return": m, "mean_return_last_30s": t, "error": e,
+             "lr_at_floor_fraction": f, "first_update_kl": k}
+            for m, t, e, f, k in ((1000.0, 990.0, None, 0.0, 0.01),
+                                  (400.0, 120.0, "APPO loss is not finite", 0.5, None))]
+    row = lc.summarize(runs)["appo"]
+    assert (row["min_max_return"], row["min_mean_return_last_30s"], row["errors"]) == \
+        (400.0, 120.0, 1)
+    assert row["max_lr_at_floor_fraction"] == 0.5 and row["max_first_update_kl"] == 0.01
+
+
 def test_bad_arguments_are_named(lc, capsys) -> None:
     for argv, word in ((["--algos", "appo,a2c"], "--algos"), (["--budget-s", "0"], "--budget-s"),
-                       (["--seeds", "0"], "--seeds")):
+                       (["--seeds", "0"], "--seeds"), (["--set", "lr=3"], "--set"),
+                       (["--set", "trainer.max_steps=3"], "--set")):
         with pytest.raises(SystemExit):
             lc.main([*argv, "--out", "x.json"])
         assert word in capsys.readouterr().err
@@ -63,13 +79,17 @@ def test_bad_arguments_are_named(lc, capsys) -> None:
 def test_seconds_long_run_writes_the_schema(lc, tmp_path: Path) -> None:
     out = tmp_path / "curves.json"
     assert lc.main(["--task", "InvertedPendulum-v5", "--budget-s", "8", "--seeds", "1",
-                    "--algos", "appo,sb3_ppo", "--out", str(out), "--no-plot"]) == 0
+                    "--algos", "appo,sb3_ppo", "--out", str(out), "--no-plot",
+                    "--set", "model.desired_kl=0.02"]) == 0
     doc = json.loads(out.read_text())
     assert [(r["algo"], r["seed"]) for r in doc["runs"]] == [("appo", 0), ("sb3_ppo", 0)]
     for run in doc["runs"]:
         assert set(run) >= {"algo", "seed", "curve", "time_to_threshold_s"}
         if run["algo"] == "appo":  # SB3's first 2048-step rollout may not end in 8 s
             assert run["curve"], "pendulum episodes end within seconds"
+            assert run["overrides"] == ["model.desired_kl=0.02"] and run["desired_kl"] == 0.02
+            assert 0 <= run["first_update_kl"] <= 2 * 0.02  # the trust region's bound
+            assert 0.0 <= run["lr_at_floor_fraction"] <= 1.0 and run["error"] is None
         walls = [p[0] for p in run["curve"]]
         steps = [p[1] for p in run["curve"]]
         assert walls == sorted(walls) and steps == sorted(steps)
