@@ -460,11 +460,10 @@ class APPOModule(pl.LightningModule):
                     raise FloatingPointError(f"APPO loss is not finite ({bad}) at update "
                                              f"{self.policy_version}; no step taken. Lower lr "
                                              "or check the task's observations and rewards")
-                if guard is not None and overshoot is None:
-                    before = [p.detach().clone() for p in actor]
+                if overshoot is None:  # this step moves the actor
                     actor_steps += 1
-                elif overshoot is None:
-                    actor_steps += 1
+                    if guard is not None:
+                        before = [p.detach().clone() for p in actor]
                 opt.step()
                 history.append(torch.stack([terms[k].detach() for k in _TERMS]))
         kl = self._update_kl(slot)
