@@ -63,6 +63,25 @@ PLANTS = [
   "        return self.cost.p2p_seconds(tokens * self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp,"
   "\n                                     inside)",
   "        return 0.0"),
+ ("H100 NVLink counted in both directions", "lightning_omni/plan/costs.py",
+  "H100_80G = Hardware(\"H100-SXM-80G\", peak_flops=989e12, hbm_bytes=80e9,\n"
+  "                    nvlink_bytes_per_s=450e9",
+  "H100_80G = Hardware(\"H100-SXM-80G\", peak_flops=989e12, hbm_bytes=80e9,\n"
+  "                    nvlink_bytes_per_s=900e9"),
+ ("A100 peak with 2:4 sparsity", "lightning_omni/plan/costs.py",
+  "peak_flops=312e12", "peak_flops=624e12"),
+ ("H800 InfiniBand in bits", "lightning_omni/plan/costs.py",
+  "                    nvlink_bytes_per_s=200e9, ib_bytes_per_s=50e9)",
+  "                    nvlink_bytes_per_s=200e9, ib_bytes_per_s=400e9)"),
+ ("encoder attention from the mean length (per call)", "lightning_omni/plan/costs.py",
+  "        attention = model.attention_flops_per_token_sq * lens * lens\n",
+  "        attention = model.attention_flops_per_token_sq * lens * lens.mean()\n"),
+ ("encoder attention from the mean length (batch)", "lightning_omni/plan/costs.py",
+  "np.array([(lens * lens).sum()])", "np.array([lens.sum() ** 2 / max(lens.size, 1)])"),
+ ("balancing cost from the mean encoder length", "lightning_omni/plan/step_data.py",
+  "        self.enc_unit = (cost.stack_seconds_each(enc, self.enc_tokens, enc.layers,",
+  "        self.enc_unit = (cost.stack_seconds_each(enc, np.full_like(self.enc_tokens, "
+  "self.enc_tokens.mean()), enc.layers,"),
 ]
 TESTS = ["tests/omni/test_costs.py", "tests/omni/test_pricing.py", "tests/omni/test_systems.py",
          "tests/omni/test_run_prediction.py", "tests/omni/test_lssp.py",
@@ -77,6 +96,7 @@ only = sys.argv[1:]
 ROOT = Path(tempfile.mkdtemp(prefix="omni-plant-"))
 shutil.copytree(REPO / "lightning_omni", ROOT / "lightning_omni")
 shutil.copytree(REPO / "tests" / "omni", ROOT / "tests" / "omni")
+shutil.copytree(REPO / "docs" / "omni", ROOT / "docs" / "omni")  # the presets' sources
 shutil.copy(REPO / "pyproject.toml", ROOT / "pyproject.toml")
 missed = []
 for name, rel, old, new in PLANTS:

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -6,7 +7,9 @@ import pytest
 from lightning_omni.plan.costs import (
     GPT_175B,
     H100_80G,
+    HARDWARE,
     LLAMA_70B,
+    MODELS,
     VIT_10B,
     CostModel,
     FittedCurve,
@@ -26,6 +29,50 @@ def test_preset_parameter_counts_match_published_sizes():
     assert VIT_10B.total_params == pytest.approx(10e9, rel=0.05)
     assert model_preset("ViT-1B").total_params == pytest.approx(1e9, rel=0.05)
     assert model_preset("LLaMA-12B").total_params == pytest.approx(12e9, rel=0.05)
+
+
+PLANNING_DOC = Path(__file__).resolve().parents[2] / "docs" / "omni" / "planning.md"
+
+
+def _doc_table(header_word: str) -> dict[str, list[str]]:
+    """Rows of the first table in planning.md whose header has ``header_word``, by preset."""
+    lines = PLANNING_DOC.read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines)
+                 if ln.startswith("| preset |") and header_word in ln)
+    rows = {}
+    for ln in lines[start + 2:]:
+        if not ln.startswith("|"):
+            break
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def test_hardware_presets_match_their_documented_sources():
+    table = _doc_table("peak bf16")
+    assert set(table) == set(HARDWARE)
+    for name, (peak, hbm, nvlink, ib, _source) in table.items():
+        hw = hardware_preset(name)
+        assert (hw.peak_flops, hw.hbm_bytes) == (float(peak) * 1e12, float(hbm) * 1e9), name
+        assert (hw.nvlink_bytes_per_s, hw.ib_bytes_per_s) == (float(nvlink) * 1e9,
+                                                               float(ib) * 1e9), name
+        # the shared assumptions stated above the table
+        assert (hw.gpus_per_node, hw.max_efficiency, hw.half_efficiency_tokens) == (8, 0.6, 384)
+        assert (hw.nvlink_latency_s, hw.ib_latency_s, hw.usable_memory_fraction) == (
+            2e-6, 10e-6, 0.92), name
+
+
+def test_model_presets_match_their_documented_sources():
+    table = _doc_table("layers")
+    assert set(table) == set(MODELS)
+    for name, (layers, hidden, heads, kv, ffn, vocab, gated, causal, _source) in table.items():
+        m = model_preset(name)
+        assert (m.layers, m.hidden, m.heads, m.num_kv_heads, m.ffn_hidden, m.vocab) == (
+            int(layers), int(hidden), int(heads), int(kv or heads), int(ffn), int(vocab)), name
+        assert (m.gated_mlp, m.causal) == (gated == "yes", causal == "yes"), name
+    # the sizes the names claim
+    assert model_preset("ViT-2.4B").total_params == pytest.approx(2.4e9, rel=0.05)
+    assert model_preset("Audio-0.6B").total_params == pytest.approx(0.63e9, rel=0.05)
 
 
 def test_fit_recovers_known_curve():
@@ -127,6 +174,25 @@ def test_layer_flops_closed_form_causal_and_backward():
     assert cost.layer_seconds(TINY, [l], phase="bwd") == pytest.approx(bwd, rel=1e-12)
     bidir = (2 * p * l + 4 * h * l * l) / _rate(cost, l)
     assert cost.layer_seconds(TINY_BIDIR, [l]) == pytest.approx(bidir, rel=1e-12)
+
+
+def test_unequal_lengths_cost_each_call_its_own_square():
+    """Attention is per call: calls of 100 and 900 tokens cost l1^2 + l2^2 (820,000), not
+    twice the mean's square (500,000); equal lengths cannot tell the two apart."""
+    cost = CostModel(H100_80G)
+    p, h = TINY_BIDIR.params_per_layer, TINY_BIDIR.hidden
+    lens, layers = np.array([100.0, 900.0]), 3
+    rate = _rate(cost, lens.sum())
+    f, b = cost.stack_fwd_bwd_each(TINY_BIDIR, lens, layers, 1, False, lens.sum())
+    for i, l in enumerate(lens):  # noqa: E741
+        assert f[i] == pytest.approx(layers * (2 * p * l + 4 * h * l * l) / rate, rel=1e-12)
+        assert b[i] == pytest.approx(layers * (2 * 2 * p * l + 2.5 * 4 * h * l * l) / rate,
+                                     rel=1e-12)
+    whole = layers * (2 * p * 1000 + 4 * h * (100**2 + 900**2)) / rate
+    assert cost.stack_seconds(TINY_BIDIR, lens, layers) == pytest.approx(whole, rel=1e-12)
+    assert cost.stack_seconds(TINY_BIDIR, lens, layers) == pytest.approx(f.sum(), rel=1e-12)
+    each = cost.stack_seconds_each(TINY_BIDIR, lens, layers, batch_tokens=lens.sum())
+    assert each == pytest.approx(f, rel=1e-12)
 
 
 def test_tp_allreduces_closed_form_with_recompute():
