@@ -10,12 +10,14 @@ Bad input exits with status 2 and a message naming the key; never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from .plan.run import design_steps, predict_run, sampled_steps, search_run
+from .plan.runnable import launch, runnable_grid, runnable_systems
 from .plan.systems import SYSTEM_LABELS, Prediction, StepData, predict, search
 from .plots import plot_throughput, plot_timeline
 from .workload_yaml import PlanRequest, WorkloadError, load_workload
@@ -27,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", type=Path, default=Path("omni_plan_out"),
                    help="where plots and the JSON summary go (default: ./omni_plan_out)")
     p.add_argument("--no-plots", action="store_true", help="print the table only")
+    p.add_argument("--runnable-only", action="store_true",
+                   help="search only layouts OmniStrategy can launch today (TP1, no "
+                        "interleaving or recompute, encoders on the LLM's ranks)")
     return p
 
 
@@ -38,10 +43,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"omni-plan: {args.workload}: {err}", file=sys.stderr)
         return 2
     try:
+        if args.runnable_only:
+            request = _runnable_only(request)
         return _plan(request, args)
     except ValueError as err:  # planning rejected an input the schema let through
         print(f"omni-plan: {args.workload}: {err}", file=sys.stderr)
         return 2
+
+
+def _runnable_only(request: PlanRequest) -> PlanRequest:
+    """The request narrowed to layouts OmniStrategy runs (``plan/runnable.py``)."""
+    systems = runnable_systems(request.systems, request.scenarios[0][1])
+    dropped = sorted(set(request.systems) - set(systems))
+    if dropped:
+        print(f"--runnable-only: skipping {', '.join(SYSTEM_LABELS[s] for s in dropped)} "
+              f"(a separate encoder pool; OmniStrategy runs encoders on the LLM's ranks)")
+    if not systems:
+        raise ValueError("systems: expected one OmniStrategy can run (megatron or omni with "
+                         f"multiplexing) for --runnable-only, got {list(request.systems)}")
+    return dataclasses.replace(request, systems=tuple(systems), grid=runnable_grid(request.grid))
+
+
+def _launch_note(system: str, config, scenario) -> tuple[str, dict]:
+    """The table's "runs" cell and the JSON record of whether OmniStrategy runs a layout."""
+    verdict = launch(system, config, scenario)
+    return ("yes" if verdict.runnable else "no"), verdict.to_json()
 
 
 def _plan(request: PlanRequest, args: argparse.Namespace) -> int:
@@ -51,9 +77,11 @@ def _plan(request: PlanRequest, args: argparse.Namespace) -> int:
     print(f"{request.name}: {len(request.scenarios)} mixes x {len(request.systems)} systems "
           f"(memory cap {cap_gb:.1f} GB per GPU)")
     header = f"{'share':>5}  {'system':28} {'K tok/s':>9} {'step s':>8} {'peak GB':>8}  " \
-             f"{'fits':4}  best layout"
+             f"{'fits':4}  {'runs':4}  best layout"
     print(header)
     print("-" * len(header))
+    launches: dict[str, list[dict]] = {s: [] for s in request.systems}
+    reasons: dict[str, set[str]] = {s: set() for s in request.systems}
     for ratio, scenario in request.scenarios:
         data = StepData(scenario, request.cost)
         for system in request.systems:
@@ -61,9 +89,12 @@ def _plan(request: PlanRequest, args: argparse.Namespace) -> int:
             best = search(system, scenario, request.cost, data, encoder_pools=pools,
                           grid=request.grid).best
             results[system].append((ratio, best))
+            runs, record = _launch_note(system, best.config, scenario)
+            launches[system].append(record)
+            reasons[system].update(record["why_not"])
             print(f"{ratio:5.2f}  {SYSTEM_LABELS[system]:28} {best.tokens_per_s / 1e3:9.1f} "
                   f"{best.step_seconds:8.3f} {max(best.stage_peak_memory_gb):8.1f}  "
-                  f"{'no' if best.oom else 'yes':4}  {best.config}")
+                  f"{'no' if best.oom else 'yes':4}  {runs:4}  {best.config}")
             if best.oom:
                 print(f"       no layout of {SYSTEM_LABELS[system]} fits: the smallest peak "
                       f"memory found is {max(best.stage_peak_memory_gb):.1f} GB against a cap "
@@ -72,11 +103,17 @@ def _plan(request: PlanRequest, args: argparse.Namespace) -> int:
                 timeline.append(predict(system, scenario, best.config, request.cost, data,
                                         record_timeline=True))
     _print_speedups(results)
+    for system, why in reasons.items():
+        for reason in sorted(why):
+            print(f"runs no ({system}): OmniStrategy cannot run {reason}")
+    if any(reasons.values()):
+        print("(omni-plan --runnable-only searches only the layouts it can run)")
     summary: dict = {system: [{"image_ratio": r, "tokens_per_s": p.tokens_per_s,
                                "step_seconds": p.step_seconds,
                                "stage0_memory_gb": p.stage0_memory_gb,
                                "peak_memory_gb": max(p.stage_peak_memory_gb),
-                               "oom": p.oom, "config": str(p.config)} for r, p in points]
+                               "oom": p.oom, "config": str(p.config), "launch": record}
+                              for (r, p), record in zip(points, launches[system], strict=True)]
                      for system, points in results.items()}
     if request.run is not None:
         summary["run"] = _run_level(request, cap_gb)
@@ -100,7 +137,8 @@ def _run_level(request: PlanRequest, cap_gb: float) -> list[dict]:
     steps = sampled_steps(run, request.cost, request.sampled_steps, run.seed + 1)
     print(f"\nrun {run.name}: {len(run.phases)} phases, one layout per system, "
           f"{len(steps)} sampled steps")
-    head = f"{'system':28} {'K tok/s mean':>12} {'p5':>8} {'p95':>8} {'OOM steps':>9}  layout"
+    head = f"{'system':28} {'K tok/s mean':>12} {'p5':>8} {'p95':>8} {'OOM steps':>9}  " \
+           f"{'runs':4}  layout"
     print(head)
     print("-" * len(head))
     rows = []
@@ -109,7 +147,10 @@ def _run_level(request: PlanRequest, cap_gb: float) -> list[dict]:
         found = search_run(system, run, request.cost, design, encoder_pools=pools,
                            grid=request.grid)
         pred = predict_run(system, found.config, steps, request.cost, run.name)
+        runs, record = _launch_note(system, found.config,
+                                    run.scenario(run.typical_share(), run.seed))
         row = {"system": system, "layout": str(found.config), "fits_design": found.fits,
+               "launch": record,
                "tokens_per_s_mean": pred.tokens_per_s_mean,
                "tokens_per_s_p5": pred.tokens_per_s_percentile(5),
                "tokens_per_s_p95": pred.tokens_per_s_percentile(95),
@@ -117,7 +158,10 @@ def _run_level(request: PlanRequest, cap_gb: float) -> list[dict]:
         rows.append(row)
         print(f"{SYSTEM_LABELS[system]:28} {row['tokens_per_s_mean'] / 1e3:12.1f} "
               f"{row['tokens_per_s_p5'] / 1e3:8.1f} {row['tokens_per_s_p95'] / 1e3:8.1f} "
-              f"{pred.oom_steps:>4d}/{len(steps):<4d}  {found.config}")
+              f"{pred.oom_steps:>4d}/{len(steps):<4d}  {runs:4}  {found.config}")
+        if runs == "yes":
+            args = ", ".join(f"{k}={v!r}" for k, v in record["strategy_kwargs"].items())
+            print(f"    launch: OmniStrategy({args})")
         if not found.fits:
             print(f"    no layout of {SYSTEM_LABELS[system]} fits the run's design steps: the "
                   f"smallest peak memory found is {found.smallest_peak_gb:.1f} GB against a "

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .costs import CostModel, _require
-from .pricing import StepPricer, predict
+from .pricing import StepPricer, _stage_layers, predict
 from .scenario import SYSTEMS, ParallelConfig, Prediction, Scenario
 from .step_data import StepData
 
@@ -33,6 +33,10 @@ class Grid:
     # pp > 1, an even split, layers divisible by pp * vpp, each replica's microbatches a
     # multiple of pp (Megatron-LM's rule)
     vpp: tuple[int, ...] = (1, 2)
+    # what a runtime may demand of a layout (``runnable.runnable_grid``): LLM layers on every
+    # stage, and a DP degree that divides the global batch (equal microbatches per replica)
+    min_stage_layers: int = 0
+    equal_replicas: bool = False
 
 
 DEFAULT_GRID = Grid()
@@ -88,10 +92,13 @@ def candidate_configs(system: str, scenario: Scenario,
                 if llm_gpus % (tp * pp) or pp > scenario.llm.layers:
                     continue
                 dp = llm_gpus // (tp * pp)
-                if dp < 1 or dp > scenario.global_batch:
+                if dp < 1 or dp > scenario.global_batch or \
+                        grid.equal_replicas and scenario.global_batch % dp:
                     continue
                 for (recompute, enc_recompute), cut in itertools.product(
                         grid.recompute, grid.stage0_fractions if pp > 1 else (1.0,)):
+                    if min(_stage_layers(scenario.llm.layers, pp, cut)) < grid.min_stage_layers:
+                        continue
                     for v in vpp_choices(scenario, pp, dp, cut, grid):
                         if pooled:
                             for etp in enc_tps:
@@ -118,7 +125,7 @@ def _separate_encoder_stage(scenario: Scenario, grid: Grid, tp: int, n: int,
     the LLM's (Megatron-LM ``encoder_tensor_model_parallel_size``): a replica then takes
     ``encoder_tp + tp * (pp - 1)`` GPUs; GPUs left over idle."""
     out = []
-    if 0.0 not in grid.stage0_fractions:
+    if 0.0 not in grid.stage0_fractions or grid.min_stage_layers > 0:
         return out
     for pp in grid.pp:
         if pp < 2 or pp > scenario.llm.layers:

@@ -1,0 +1,95 @@
+"""From a predicted layout to a launch: which layouts OmniStrategy runs, and its arguments.
+
+The planner prices a wider space than the runtime executes (tensor parallelism, interleaved
+pipelines, recomputation, a separate encoder pool), because the baselines it compares against
+use them. This file is the one place that says which planned layouts the runtime can run and
+why the others cannot, so that ``omni-plan`` marks its predictions and can search only the
+launchable ones (``--runnable-only``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .pricing import _stage_layers
+from .scenario import ParallelConfig, Scenario
+from .search import Grid
+
+# Planner system -> OmniStrategy schedule. "disaggregated" (a separate pool of encoder GPUs)
+# has none: OmniStrategy colocates the encoders with the LLM on every rank.
+SCHEDULE_OF_SYSTEM = {"megatron": "encoder_first_stage", "omni": "uniform_insertion"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Whether OmniStrategy runs a planned layout, why not, and its arguments if it does."""
+
+    runnable: bool
+    why_not: tuple[str, ...]
+    strategy_kwargs: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runnable": self.runnable, "why_not": list(self.why_not),
+                "strategy_kwargs": self.strategy_kwargs}
+
+
+def _pooled(system: str, scenario: Scenario) -> bool:
+    return system == "disaggregated" or (system == "omni"
+                                         and "multiplexing" in scenario.omni_off)
+
+
+def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
+    """The verdict on one layout of ``system`` for ``scenario`` (see ``Launch``)."""
+    why: list[str] = []
+    if _pooled(system, scenario):
+        why.append("a separate encoder pool: OmniStrategy runs the encoders on the LLM's ranks")
+    if cfg.tp > 1 or cfg.encoder_tp > 1:
+        why.append("tensor parallelism: OmniStrategy has pipeline and data parallelism only")
+    if cfg.vpp > 1:
+        why.append("an interleaved pipeline (VPP): one model chunk per rank only")
+    if cfg.recompute or cfg.encoder_recompute:
+        why.append("activation recomputation: not offered by OmniStrategy (wrap the module's "
+                   "blocks in torch.utils.checkpoint instead; the plan does not price that)")
+    stage_layers = _stage_layers(scenario.llm.layers, cfg.pp, cfg.stage0_layer_fraction)
+    if min(stage_layers) < 1:
+        why.append("a stage without LLM layers: every stage hosts at least one block")
+    if scenario.global_batch % cfg.dp:
+        why.append("a DP degree that does not divide global_batch: every replica runs the same "
+                   "number of microbatches")
+    if why:
+        return Launch(False, tuple(why), {})
+    off = set(scenario.omni_off) if system == "omni" else set()
+    schedule = SCHEDULE_OF_SYSTEM[system]
+    if "uniform_insertion" in off:
+        schedule = "encoder_first_stage"
+    kwargs: dict[str, Any] = {
+        "pipeline_parallel": cfg.pp,
+        "data_parallel": cfg.dp,
+        "schedule": schedule,
+        # the planner's microbatch is one packed sequence of seq_len tokens
+        "num_microbatches": scenario.global_batch // cfg.dp,
+        "lssp": system == "omni" and "lssp" not in off,
+        "reorder": system == "omni" and "reorder" not in off,
+    }
+    if cfg.stage0_layer_fraction != 1.0:
+        kwargs["stage_blocks"] = stage_layers
+    return Launch(True, (), kwargs)
+
+
+def runnable_systems(systems: tuple[str, ...] | list[str], scenario: Scenario) -> list[str]:
+    """The systems of which some layout can run (not a separate encoder pool)."""
+    return [s for s in systems if not _pooled(s, scenario)]
+
+
+def runnable_grid(grid: Grid) -> Grid:
+    """``grid`` narrowed to what OmniStrategy runs: TP1, one chunk per rank, no recompute,
+    every stage with LLM layers, equal replicas. Raises if nothing is left."""
+    narrowed = replace(grid, tp=tuple(t for t in grid.tp if t == 1), vpp=(1,),
+                       recompute=tuple(r for r in grid.recompute if r == (False, False)),
+                       stage0_fractions=tuple(f for f in grid.stage0_fractions if f > 0),
+                       min_stage_layers=1, equal_replicas=True)
+    if not narrowed.tp or not narrowed.recompute or not narrowed.stage0_fractions:
+        raise ValueError(f"grid: expected tp 1, recompute (False, False) and a stage-0 fraction "
+                         f"> 0 among the choices for --runnable-only, got {grid}")
+    return narrowed

@@ -1,0 +1,122 @@
+"""From prediction to launch: which planned layouts OmniStrategy runs, with what arguments."""
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_omni.cli import main
+from lightning_omni.plan.costs import H100_80G, TransformerConfig
+from lightning_omni.plan.runnable import launch, runnable_grid, runnable_systems
+from lightning_omni.plan.scenario import ParallelConfig, Scenario
+from lightning_omni.plan.search import DEFAULT_GRID, Grid, candidate_configs
+from lightning_omni.plan.workload import image_text_mixture
+
+ENC = TransformerConfig("tiny-vit", layers=4, hidden=512, heads=8, ffn_hidden=2048, causal=False)
+LLM = TransformerConfig("tiny-llm", layers=8, hidden=1024, heads=16, ffn_hidden=4096, vocab=32000)
+
+
+def _scenario(global_batch: int = 8, off: tuple[str, ...] = ()) -> Scenario:
+    return Scenario("t", ENC, LLM, H100_80G, 8, global_batch, 2048, image_text_mixture(0.5),
+                    omni_off=off)
+
+
+def test_runnable_layouts_map_to_strategy_arguments():
+    sc = _scenario()
+    omni = launch("omni", ParallelConfig(1, 2, 4), sc)
+    assert omni.runnable and omni.why_not == ()
+    assert omni.strategy_kwargs == {"pipeline_parallel": 2, "data_parallel": 4,
+                                    "schedule": "uniform_insertion", "num_microbatches": 2,
+                                    "lssp": True, "reorder": True}
+    mega = launch("megatron", ParallelConfig(1, 4, 2, stage0_layer_fraction=0.5), sc)
+    assert mega.runnable
+    assert mega.strategy_kwargs["schedule"] == "encoder_first_stage"
+    assert not mega.strategy_kwargs["lssp"] and not mega.strategy_kwargs["reorder"]
+    # stage 0 takes half of an even share (1 of 8 layers), the rest spread over the others
+    assert mega.strategy_kwargs["stage_blocks"] == [1, 2, 2, 3]
+    ablated = launch("omni", ParallelConfig(1, 2, 4),
+                     _scenario(off=("uniform_insertion", "lssp")))
+    assert ablated.strategy_kwargs["schedule"] == "encoder_first_stage"
+    assert not ablated.strategy_kwargs["lssp"] and ablated.strategy_kwargs["reorder"]
+
+
+@pytest.mark.parametrize("system, cfg, sc, words", [
+    ("omni", ParallelConfig(2, 2, 2), _scenario(), "tensor parallelism"),
+    ("omni", ParallelConfig(1, 2, 4, encoder_tp=2), _scenario(), "tensor parallelism"),
+    ("megatron", ParallelConfig(1, 2, 4, vpp=2), _scenario(), "interleaved"),
+    ("omni", ParallelConfig(1, 2, 4, recompute=True), _scenario(), "recomputation"),
+    ("omni", ParallelConfig(1, 2, 4, encoder_recompute=True), _scenario(), "recomputation"),
+    ("megatron", ParallelConfig(1, 2, 4, stage0_layer_fraction=0.0), _scenario(),
+     "without LLM layers"),
+    ("omni", ParallelConfig(1, 1, 8), _scenario(global_batch=12), "does not divide"),
+    ("disaggregated", ParallelConfig(1, 1, 4, encoder_gpus=4), _scenario(), "encoder pool"),
+    ("omni", ParallelConfig(1, 1, 4, encoder_gpus=4), _scenario(off=("multiplexing",)),
+     "encoder pool"),
+])
+def test_each_unsupported_dimension_is_named(system, cfg, sc, words):
+    verdict = launch(system, cfg, sc)
+    assert not verdict.runnable and verdict.strategy_kwargs == {}
+    assert len(verdict.why_not) == 1 and words in verdict.why_not[0]
+
+
+def test_runnable_grid_yields_only_runnable_layouts():
+    grid = runnable_grid(DEFAULT_GRID)
+    assert grid.tp == (1,) and grid.vpp == (1,) and grid.recompute == ((False, False),)
+    for sc in (_scenario(), _scenario(global_batch=12)):  # PP8 of 8 layers; DP8 of 12
+        for system in runnable_systems(("megatron", "disaggregated", "omni"), sc):
+            configs = candidate_configs(system, sc, grid=grid)
+            assert configs, system
+            assert all(launch(system, c, sc).runnable for c in configs), system
+    sc = _scenario()
+    # the full grid has layouts the runtime cannot run
+    assert not all(launch("omni", c, sc).runnable for c in candidate_configs("omni", sc))
+    assert runnable_systems(("megatron", "disaggregated", "omni"), sc) == ["megatron", "omni"]
+    with pytest.raises(ValueError, match="grid: expected tp 1"):
+        runnable_grid(Grid(tp=(2, 4)))
+
+
+def test_strategy_accepts_the_planned_arguments():
+    from lightning_omni import OmniStrategy
+
+    kwargs = launch("megatron", ParallelConfig(1, 4, 2, stage0_layer_fraction=0.5),
+                    _scenario()).strategy_kwargs
+    strategy = OmniStrategy(**kwargs)
+    assert (strategy.pipeline_parallel, strategy.data_parallel) == (4, 2)
+    assert strategy.stage_blocks == [1, 2, 2, 3] and strategy.num_microbatches == 4
+
+
+TINY = {
+    "name": "tiny",
+    "models": {"encoder": {"name": "tiny-vit", "layers": 4, "hidden": 512, "heads": 8,
+                           "ffn_hidden": 2048, "causal": False},
+               "llm": {"name": "tiny-llm", "layers": 8, "hidden": 1024, "heads": 16,
+                       "ffn_hidden": 4096, "vocab": 32000}},
+    "cluster": {"gpus": 8, "hardware": "H100-SXM-80G"},
+    "batch": {"global_batch": 8, "seq_len": 2048},
+    "mixture": {"kind": "image_text", "ratios": [0.5]},
+    "run": {"phases": [{"share": 0.5, "steps": 1}], "sampled_steps": 2},
+}
+
+
+def _plan(tmp_path: Path, capsys, *flags: str) -> tuple[str, dict]:
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "out"
+    assert main([str(path), "--no-plots", "--out-dir", str(out), *flags]) == 0
+    return capsys.readouterr().out, json.loads((out / "summary.json").read_text())
+
+
+def test_omni_plan_marks_and_restricts_to_runnable_layouts(tmp_path, capsys):
+    text, summary = _plan(tmp_path, capsys)
+    assert " runs " in text
+    records = [p["launch"] for s in ("megatron", "disaggregated", "omni") for p in summary[s]]
+    assert all(r["runnable"] == (not r["why_not"]) for r in records)
+    assert not summary["disaggregated"][0]["launch"]["runnable"]
+    text, summary = _plan(tmp_path, capsys, "--runnable-only")
+    assert "skipping Disaggregated" in text and "disaggregated" not in summary
+    for system in ("megatron", "omni"):
+        assert summary[system][0]["launch"]["runnable"]
+        assert "TP1" in summary[system][0]["config"]
+    run = {r["system"]: r for r in summary["run"]}
+    assert run["omni"]["launch"]["strategy_kwargs"]["schedule"] == "uniform_insertion"
+    assert "launch: OmniStrategy(pipeline_parallel=" in text
