@@ -451,50 +451,31 @@ def _collective_key(a: Action) -> tuple:
     return (str(a.kind), str(a.payload), a.group)
 
 
-def check_schedule(schedule: Schedule) -> None:
-    """Raise ScheduleError unless messages match one-to-one, in the same order per channel
-    (source, destination, payload), each WAIT follows its SEND, and the schedule runs to
-    completion: receives block, a WAIT blocks until the receiver has taken its message, a
-    collective with a ``group`` blocks until every member reaches its matching collective."""
-    sends: dict[tuple[int, int, str], list[int]] = {}
-    recvs: dict[tuple[int, int, str], list[int]] = {}
-    for rank, prog in enumerate(schedule.actions):
-        sent: set[tuple[str, int, int, int]] = set()
-        for a in prog:
-            if a.kind in (Kind.SEND, Kind.RECV, Kind.WAIT):
-                _require(0 <= a.peer < schedule.num_ranks and a.peer != rank, "peer",
-                         f"another rank in [0, {schedule.num_ranks})", (rank, str(a)))
-            if a.kind == Kind.WAIT:
-                if message_key(rank, a) not in sent:
-                    raise ScheduleError(f"rank {rank}: {a} waits for a send it has not posted")
-                sent.discard(message_key(rank, a))
-            elif a.kind in (Kind.SEND, Kind.RECV):
-                payload, mb, src, dst = message_key(rank, a)
-                if a.kind == Kind.SEND:
-                    sent.add(message_key(rank, a))
-                table = sends if a.kind == Kind.SEND else recvs
-                table.setdefault((src, dst, payload), []).append(mb)
-            elif a.kind in COLLECTIVE_KINDS and a.group:
-                _require(rank in a.group, "group", f"a group containing rank {rank}",
-                         (rank, a.group))
-    for pair in set(sends) | set(recvs):
-        s, r = sends.get(pair, []), recvs.get(pair, [])
-        if s != r:
-            raise ScheduleError(f"{pair[2]} messages {pair[0]}->{pair[1]}: sends for microbatches "
-                                f"{s[:8]} and receives for {r[:8]} differ in content or order")
-    stuck = _execute_order(schedule)
-    if stuck:
-        where = [(r, str(schedule.actions[r][pc])) for r, pc in stuck]
-        raise ScheduleError(f"deadlock: ranks blocked at {where}")
+class Rendezvous:
+    """Collectives with a ``group`` in a simulated run: a member passes its n-th collective of
+    one (kind, payload, group) once every member has reached its n-th."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, tuple], int] = {}
+        self.arrived: dict[tuple, set[int]] = {}
+
+    def passes(self, rank: int, a: Action) -> bool:
+        ck = _collective_key(a)
+        key = ck + (self.seen.get((rank, ck), 0),)
+        self.arrived.setdefault(key, set()).add(rank)
+        if not set(a.group) <= self.arrived[key]:
+            return False
+        self.seen[rank, ck] = key[-1] + 1
+        return True
 
 
-def _execute_order(schedule: Schedule) -> list[tuple[int, int]]:
-    """Run the programs in dependency order; return (rank, index) where ranks stay blocked."""
+def _execute_order(schedule: Schedule, sends: list[tuple[int, Action]] | None = None
+                   ) -> list[tuple[int, int]]:
+    """Run the programs in dependency order; return (rank, index) where ranks stay blocked.
+    ``sends`` (if given) receives every (rank, SEND action) in the order they run."""
     posted: set[tuple[str, int, int, int]] = set()
     taken: set[tuple[str, int, int, int]] = set()
-    # collective rendezvous: (kind, payload, group, ordinal) -> ranks arrived
-    seen: dict[tuple[int, tuple], int] = {}
-    arrived: dict[tuple, set[int]] = {}
+    meet = Rendezvous()
     pcs = [0] * schedule.num_ranks
     progressed = True
     while progressed:
@@ -510,13 +491,10 @@ def _execute_order(schedule: Schedule) -> list[tuple[int, int]]:
                     break
                 elif a.kind == Kind.SEND:
                     posted.add(message_key(rank, a))
-                elif a.kind in COLLECTIVE_KINDS and a.group:
-                    ck = _collective_key(a)
-                    key = ck + (seen.get((rank, ck), 0),)
-                    arrived.setdefault(key, set()).add(rank)
-                    if not set(a.group) <= arrived[key]:
-                        break
-                    seen[rank, ck] = key[-1] + 1
+                    if sends is not None:
+                        sends.append((rank, a))
+                elif a.kind in COLLECTIVE_KINDS and a.group and not meet.passes(rank, a):
+                    break
                 pcs[rank] += 1
                 progressed = True
     return [(r, pc) for r, pc in enumerate(pcs) if pc < len(schedule.actions[r])]

@@ -298,7 +298,7 @@ class OmniEngine:
             costs = tuple(self._gather(self.sample_costs(mbs)))
             build = build_plan if mode == StepMode.TRAIN else build_forward_plan
             plan = build(self.schedule, self.layout.pipeline, costs)
-        record = self.executor.run(plan.actions[self.layout.rank], mbs, grouped, mode,
+        record = self.executor.run(plan, mbs, grouped, mode,
                                    forward_context)
         if mode == StepMode.PREDICT:
             return StepResult(torch.zeros((), dtype=torch.float64), record, plan, 0, grouped,

@@ -6,9 +6,11 @@ API, and it sizes receive buffers from the first microbatch, so every microbatch
 shape. Our plans already say, per rank, every compute, message and completion point; running
 them is a short loop (see docs/omni/runtime.md).
 
-Messages: SEND is ``isend`` (kept until its WAIT), RECV is ``irecv`` + wait. Each payload has
-its own tag, so messages of one payload between two ranks match in program order. Shapes come
-from the plan and the microbatch (see ``lightning_omni.plan.schedule``), so no size headers.
+Messages carry no tags (NCCL ignores them). Both ranks of a pair post their messages to each
+other in one order derived from the plan (``lightning_omni.plan.messages``): a SEND posts its
+``isend`` when reached, after posting the receives that come before it in the pair's order; a
+RECV waits for an ``irecv`` posted at or before it; a WAIT completes a send. Shapes come from
+the plan and the microbatch (see ``lightning_omni.plan.schedule``), so no size headers.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..plan.lssp_schedule import GroupedPlan
-from ..plan.schedule import Action, Kind, Payload, message_key
+from ..plan.messages import message_posts
+from ..plan.schedule import Action, Kind, Payload, Schedule, message_key
 from ..spec import OmniSpec, Probe, scatter_features, valid_rows
 from .alltoall import SubgroupCache
 from .failures import OmniRuntimeError, communicating, timed_out
@@ -33,9 +36,6 @@ from .hosting import Hosting
 from .layout import Layout
 from .lssp_exec import build_exec_plan, run_lssp_microbatch
 from .memory import SavedTensorMeter
-
-TAGS = {Payload.ACTIVATION: 1, Payload.GRADIENT: 2, Payload.FEATURES: 3,
-        Payload.FEATURE_GRAD: 4}
 
 
 class StepMode(str, Enum):  # noqa: UP042 - requires-python allows 3.10 (no StrEnum)
@@ -139,16 +139,22 @@ class StageExecutor:
         return self.hosting.held()
 
     # -- one step -------------------------------------------------------------------------
-    def run(self, actions: Sequence[Action], mbs: list[dict[str, Tensor]],
+    def run(self, plan: Schedule, mbs: list[dict[str, Tensor]],
             grouped: GroupedPlan | None = None, mode: StepMode = StepMode.TRAIN,
             forward_context: Callable[[], AbstractContextManager] = nullcontext) -> StepRecord:
-        """Run the actions; gradients are of the summed (unnormalized) loss, and the returned
-        record carries this rank's loss sum and count (last stage) for normalizing.
+        """Run this rank's actions of ``plan``; gradients are of the summed (unnormalized)
+        loss, and the returned record carries this rank's loss sum and count (last stage)
+        for normalizing.
         ``grouped``: the plan's encoder group work (LSSP / grouped reordering), if any.
         ``forward_context``: entered around every forward action (the precision plugin's
         autocast or default dtype), never around a backward, as in a plain training step.
         ``mode``: EVAL and PREDICT run forward-only plans; PREDICT keeps the head's output
         (``self.outputs``, one tensor per microbatch, last stage) and computes no loss."""
+        rank = self.layout.rank
+        actions = plan.actions[rank]
+        posts = dict(message_posts(plan)[rank])
+        self._outbox: dict[tuple, Tensor] = {}  # send tensors taken, not yet posted
+        self._inbox: dict[tuple, tuple] = {}    # receives posted, not yet waited for
         self._mode = mode
         self.outputs: list[Tensor] = []
         self._metric_sums: dict[str, list[Tensor]] = {}
@@ -175,8 +181,12 @@ class StageExecutor:
         timings: list[tuple[Action, float, float]] = []
         busy = 0.0
         t_step = time.perf_counter()
-        for a in actions:
+        for i, a in enumerate(actions):
             t0 = time.perf_counter()
+            if a.kind == Kind.SEND:
+                self._outbox[message_key(rank, a)] = self._payload_tensor(a).contiguous()
+            if i in posts:
+                self._post([actions[j] for j in posts[i]])
             if a.kind == Kind.ENC_FWD:
                 with self.meter.hooks(), forward_context():
                     (self._group_enc_fwd if grouped is not None else self._enc_fwd)(a)
@@ -193,7 +203,7 @@ class StageExecutor:
             elif a.kind == Kind.LLM_BWD:
                 self._llm_bwd(a)
             elif a.kind == Kind.SEND:
-                self._send(a)
+                pass  # posted above, in the pair's order
             elif a.kind == Kind.RECV:
                 self._recv(a)
             elif a.kind == Kind.WAIT:
@@ -208,6 +218,9 @@ class StageExecutor:
                 busy += t1 - t0
         for work in list(self._pending.values()):  # plans without completion points
             self._wait(work)
+        if self._outbox or self._inbox:
+            raise OmniRuntimeError(f"messages left unposted {list(self._outbox)[:4]} or "
+                                   f"never received {list(self._inbox)[:4]} by the plan")
         if mode == StepMode.TRAIN:
             self._reduce_shared()
         seconds = time.perf_counter() - t_step
@@ -411,16 +424,21 @@ class StageExecutor:
         kind = "recv" if a.kind == Kind.RECV else "send"
         return f"{kind} of {a.payload} for microbatch {a.microbatch} {way} rank {a.peer}"
 
-    def _send(self, a: Action) -> None:
-        t = self._payload_tensor(a).contiguous()
-        with communicating(self._what(a), self.timeout):
-            work = dist.isend(t, a.peer, tag=TAGS[a.payload])
-        self._pending[message_key(self.layout.rank, a)] = (work, t, a)
+    def _post(self, group: Sequence[Action]) -> None:
+        """Post these messages in this order, without tags (see the module doc)."""
+        for a in group:
+            key = message_key(self.layout.rank, a)
+            with communicating(self._what(a), self.timeout):
+                if a.kind == Kind.SEND:
+                    t = self._outbox.pop(key)
+                    self._pending[key] = (dist.isend(t, a.peer), t, a)
+                else:
+                    buf = torch.empty(self._recv_shape(a), dtype=self._recv_dtype(a),
+                                      device=self.device)
+                    self._inbox[key] = (dist.irecv(buf, a.peer), buf, a)
 
     def _recv(self, a: Action) -> None:
-        buf = torch.empty(self._recv_shape(a), dtype=self._recv_dtype(a), device=self.device)
-        with communicating(self._what(a), self.timeout):
-            work = dist.irecv(buf, a.peer, tag=TAGS[a.payload])
+        work, buf, _ = self._inbox.pop(message_key(self.layout.rank, a))
         self._wait((work, buf, a))
         m = a.microbatch
         if a.payload == Payload.ACTIVATION:

@@ -4,7 +4,8 @@ every forward of the training plan, in the same order, and nothing of the backwa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lightning_omni.plan.schedule import Kind, Payload, check_schedule, forward_only
+from lightning_omni.plan.messages import check_schedule
+from lightning_omni.plan.schedule import Kind, Payload, forward_only
 from lightning_omni.runtime.engine import SCHEDULES, build_plan
 
 BACKWARD = {Kind.LLM_BWD, Kind.ENC_BWD, Kind.ALLREDUCE}

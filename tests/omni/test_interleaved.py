@@ -18,12 +18,12 @@ from lightning_omni.plan.interleaved import (
     interleaved_order,
     warmup_forwards,
 )
+from lightning_omni.plan.messages import check_schedule
 from lightning_omni.plan.schedule import (
     BUILDERS,
     Kind,
     Payload,
     assign_encoder_samples,
-    check_schedule,
     for_replicas,
     max_in_flight,
     one_f_one_b,

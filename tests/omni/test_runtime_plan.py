@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lightning_omni.plan.messages import check_schedule
 from lightning_omni.plan.schedule import (
     Action,
     Kind,
@@ -13,7 +14,6 @@ from lightning_omni.plan.schedule import (
     Schedule,
     ScheduleError,
     assign_encoder_samples,
-    check_schedule,
     encoder_first_stage,
     for_replicas,
     one_f_one_b,

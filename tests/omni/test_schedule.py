@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lightning_omni.plan.messages import check_schedule
 from lightning_omni.plan.schedule import (
     BUILDERS,
     Action,
@@ -11,7 +12,6 @@ from lightning_omni.plan.schedule import (
     Payload,
     Schedule,
     ScheduleError,
-    check_schedule,
     encoder_disaggregated,
     encoder_first_stage,
     max_in_flight,

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from lightning_omni.plan.lssp_schedule import GroupOptions, build_grouped_plan
-from lightning_omni.plan.schedule import Kind, Payload, check_schedule
+from lightning_omni.plan.messages import check_schedule
+from lightning_omni.plan.schedule import Kind, Payload
 
 GROUP_KINDS = (Kind.ENC_FWD, Kind.ENC_BWD, Kind.ALLTOALL)
 
