@@ -6,8 +6,8 @@ executes it, so one list is both the prediction and the plan. A SEND posts a non
 rank's earlier sends: it blocks until the receiver has taken the message, and only then is the
 send buffer free (``with_completion_points`` places them). A schedule is valid when every receive
 has exactly one matching send, messages of one payload between two ranks are posted in the same
-order on both sides (a runtime gives each payload its own channel: a tag, so FIFO matching holds
-per channel), and it runs to completion (``check_schedule`` verifies all three).
+order on both sides, it runs to completion, and it also runs when messages carry no tags and
+each pair of ranks posts them in one order (``plan.messages.check_schedule`` verifies all).
 
 What the runtime needs beyond the order of actions, and where it is:
 
