@@ -54,6 +54,8 @@ class OmniStrategy(DDPStrategy):
             sequence parallel (default: no limit, long means costlier than a balanced share).
         encoder_cost: ``(a, b)``: a sample of L encoder rows costs ``a * L + b * L**2``.
         ulysses_backend: ``"auto"`` (DeepSpeed if installed), ``"deepspeed"`` or ``"torch"``.
+        zero_stage: 1 shards each stage's optimizer state over its data-parallel group
+            (ZeRO-1, ``torch.distributed.optim.ZeroRedundancyOptimizer``); 0 replicates it.
     """
 
     strategy_name = "omni"
@@ -65,7 +67,7 @@ class OmniStrategy(DDPStrategy):
                  reorder: bool = False, locality_groups: list[int] | None = None,
                  lssp_max_rows: float | None = None,
                  encoder_cost: tuple[float, float] = (1.0, 0.0),
-                 ulysses_backend: str = "auto", **kwargs: Any) -> None:
+                 ulysses_backend: str = "auto", zero_stage: int = 0, **kwargs: Any) -> None:
         if not isinstance(pipeline_parallel, int) or pipeline_parallel < 1:
             raise ValueError(f"pipeline_parallel: expected an int >= 1, got {pipeline_parallel!r}")
         if data_parallel is not None and (not isinstance(data_parallel, int) or data_parallel < 1):
@@ -84,7 +86,12 @@ class OmniStrategy(DDPStrategy):
         if ulysses_backend not in BACKENDS:
             raise ValueError(f"ulysses_backend: expected one of {BACKENDS}, got "
                              f"{ulysses_backend!r}")
+        if zero_stage not in (0, 1) or isinstance(zero_stage, bool):
+            raise ValueError(f"zero_stage: expected 0 (replicated optimizer state) or 1 "
+                             f"(sharded over each stage's data-parallel group), got "
+                             f"{zero_stage!r}")
         super().__init__(timeout=timeout, **kwargs)
+        self.zero_stage = zero_stage
         self.lssp, self.reorder = bool(lssp), bool(reorder)
         self.locality_groups = None if locality_groups is None else list(locality_groups)
         self.lssp_max_rows = lssp_max_rows
@@ -159,7 +166,35 @@ class OmniStrategy(DDPStrategy):
         self.engine = self._engine_for(module)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
+            if self.zero_stage == 1:
+                self._shard_optimizers()
         self.setup_precision_plugin()
+
+    def _shard_optimizers(self) -> None:
+        """ZeRO-1 (``runtime/zero.py``): each optimizer over this rank's parameters, state
+        sharded over the stage's data-parallel group; LR schedulers follow it."""
+        engine = self.engine
+        lay = engine.layout
+        group = engine.groups.get(lay.stage_group(lay.stage))
+        if group is None:  # one replica: nothing to shard over
+            return
+        from .runtime.zero import shard_optimizer  # torch.distributed.optim only when asked
+
+        sharded = [shard_optimizer(opt, engine.hosting.held(), group) for opt in self.optimizers]
+        for old, new in zip(self.optimizers, sharded, strict=True):
+            for config in self.lr_scheduler_configs:
+                if config.scheduler.optimizer is old:
+                    config.scheduler.optimizer = new
+        self.optimizers = sharded
+
+    def optimizer_state(self, optimizer) -> dict[str, Any]:
+        """A ZeRO-1 optimizer's state gathered on replica 0 of each stage (the rank that
+        writes the stage's shard); every rank of the stage's group takes part."""
+        inner = getattr(optimizer, "_optimizer", optimizer)
+        if hasattr(inner, "consolidate_state_dict") and self.engine is not None:
+            inner.consolidate_state_dict(to=0)
+            return inner.state_dict() if self.engine.layout.replica == 0 else {}
+        return super().optimizer_state(optimizer)
 
     def _engine_for(self, module) -> OmniEngine:
         """This strategy's engine; a module already split by another OmniStrategy of the same

@@ -233,7 +233,9 @@ def reference_run(steps: int, batch: int, data: ToyData, seed: int = 0,
             grads0 = {n: p.grad.clone() for n, p in model.named_parameters()}
         losses.append(float(loss.detach()))
         opt.step()
-    return {"losses": losses, "grads0": grads0,
+    from lightning_omni.runtime.zero import state_bytes
+
+    return {"losses": losses, "grads0": grads0, "state_bytes": state_bytes(opt),
             "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
@@ -324,34 +326,39 @@ def _loader(rank: int, pp: int, dp: int, samples: int, batch: int) -> DataLoader
 
 
 def fit_worker(rank: int, world: int, pp: int, dp: int, schedules: list[str], steps: int,
-               batch: int, samples: int, ckpt_dir: str | None = None) -> dict[str, Any]:
-    """Per schedule: losses, first-step gradients and final values of the hosted parameters.
-    With ``ckpt_dir`` (last schedule): also a run stopped after one epoch, checkpointed, and
-    resumed in a fresh Trainer and model up to ``steps``."""
+               batch: int, samples: int, ckpt_dir: str | None = None,
+               zero_stage: int = 0) -> dict[str, Any]:
+    """Per schedule: losses, first-step gradients, final values of the hosted parameters and
+    the bytes of optimizer state this rank holds. With ``ckpt_dir`` (last schedule): also a
+    run stopped after one epoch, checkpointed, and resumed in a fresh Trainer and model up to
+    ``steps``."""
     from lightning_omni import OmniStrategy
+    from lightning_omni.runtime.zero import state_bytes
 
     out: dict[str, Any] = {}
     for schedule in schedules:
         model = make_model(0)
         rec = _Record()
         strategy = OmniStrategy(pipeline_parallel=pp, data_parallel=dp, schedule=schedule,
-                                num_microbatches=4)
+                                num_microbatches=4, zero_stage=zero_stage)
         _trainer(world, strategy, steps, [rec]).fit(model, _loader(rank, pp, dp, samples, batch))
         hosted = strategy.engine.hosted_param_ids() if strategy.engine else set()
         out[schedule] = {"losses": rec.losses, "grads0": rec.grads0,
                          "params": {n: p.detach().clone() for n, p in model.named_parameters()
-                                    if id(p) in hosted}}
+                                    if id(p) in hosted},
+                         "optimizer": type(strategy.optimizers[0]).__name__,
+                         "state_bytes": state_bytes(strategy.optimizers[0])}
     if ckpt_dir is not None:
         path = os.path.join(ckpt_dir, "epoch0.ckpt")
         strategy = OmniStrategy(pipeline_parallel=pp, data_parallel=dp, schedule=schedule,
-                                num_microbatches=4)
+                                num_microbatches=4, zero_stage=zero_stage)
         # Lightning's own checkpoint callback, at the end of the first epoch
         save = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename="epoch0", save_top_k=-1)
         trainer = _trainer(world, strategy, -1, [save], max_epochs=1, enable_checkpointing=True)
         trainer.fit(make_model(0), _loader(rank, pp, dp, samples, batch))
         rec = _Record()
         strategy = OmniStrategy(pipeline_parallel=pp, data_parallel=dp, schedule=schedule,
-                                num_microbatches=4)
+                                num_microbatches=4, zero_stage=zero_stage)
         # epoch-based, like the checkpoint (max_steps makes Lightning resume mid-epoch)
         epochs = steps * batch // samples
         _trainer(world, strategy, -1, [rec], max_epochs=epochs).fit(

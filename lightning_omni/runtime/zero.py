@@ -1,0 +1,63 @@
+"""ZeRO-1 for OmniStrategy: each stage's optimizer state sharded over its data-parallel group.
+
+torch's ``ZeroRedundancyOptimizer`` rather than DeepSpeed's ZeRO: it wraps whatever optimizer
+the module's ``configure_optimizers`` returns (class, hyperparameters and param groups kept),
+takes one process group (the stage's data-parallel ranks), and leaves the gradients to us; our
+step has already put every held parameter's full gradient in place (summed over the stage's
+replicas and over the holders of shared parameters), so ZeRO-1 is only the optimizer step: each
+rank updates the parameters it owns and broadcasts them to the group. DeepSpeed's engine wants
+to own the model, the backward and the gradient reduction, which our pipelined step does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Sequence
+
+from torch import Tensor
+from torch.optim import Optimizer
+
+with warnings.catch_warnings():  # torch.distributed.optim scripts its functional optimizers
+    warnings.filterwarnings("ignore", r"`torch\.jit\.(script|interface)` is deprecated",
+                            DeprecationWarning)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+
+def shard_optimizer(optimizer: Optimizer, held: Sequence[Tensor], group: object
+                    ) -> ZeroRedundancyOptimizer:
+    """``optimizer`` over this rank's held parameters, its state sharded over ``group``.
+    Param groups keep their hyperparameters (including an LR scheduler's ``initial_lr``);
+    groups with no held parameter are dropped."""
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        return optimizer
+    mine = {id(p) for p in held}
+    groups = []
+    for g in optimizer.param_groups:
+        params = [p for p in g["params"] if id(p) in mine]
+        if params:
+            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": params})
+    if not groups:
+        raise ValueError(f"optimizer: expected it to hold this stage's parameters, got a "
+                         f"{type(optimizer).__name__} over none of them")
+    if any(optimizer.state.values()):
+        raise ValueError(f"optimizer: expected a fresh {type(optimizer).__name__} (no state "
+                         "yet) to shard with zero_stage=1, got one that has already stepped")
+    return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer),
+                                   process_group=group, **_constructor_defaults(optimizer))
+
+
+def _constructor_defaults(optimizer: Optimizer) -> dict:
+    """The optimizer's defaults its class accepts again (AdamW keeps Adam's
+    ``decoupled_weight_decay`` in its defaults but takes no such argument)."""
+    params = inspect.signature(type(optimizer).__init__).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return dict(optimizer.defaults)
+    return {k: v for k, v in optimizer.defaults.items() if k in params}
+
+
+def state_bytes(optimizer: Optimizer) -> int:
+    """Bytes of optimizer state this rank holds (the local shard under ZeRO-1)."""
+    local = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return sum(v.numel() * v.element_size() for s in local.state.values() for v in s.values()
+               if isinstance(v, Tensor))
