@@ -71,6 +71,8 @@ def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
         "num_microbatches": scenario.global_batch // cfg.dp,
         "lssp": system == "omni" and "lssp" not in off,
         "reorder": system == "omni" and "reorder" not in off,
+        # the planner's memory model shards optimizer state over DP (costs.param_bytes)
+        "zero_stage": 1 if cfg.dp > 1 else 0,
     }
     if cfg.stage0_layer_fraction != 1.0:
         kwargs["stage_blocks"] = stage_layers

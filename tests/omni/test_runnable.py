@@ -27,7 +27,7 @@ def test_runnable_layouts_map_to_strategy_arguments():
     assert omni.runnable and omni.why_not == ()
     assert omni.strategy_kwargs == {"pipeline_parallel": 2, "data_parallel": 4,
                                     "schedule": "uniform_insertion", "num_microbatches": 2,
-                                    "lssp": True, "reorder": True}
+                                    "lssp": True, "reorder": True, "zero_stage": 1}
     mega = launch("megatron", ParallelConfig(1, 4, 2, stage0_layer_fraction=0.5), sc)
     assert mega.runnable
     assert mega.strategy_kwargs["schedule"] == "encoder_first_stage"
