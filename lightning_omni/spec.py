@@ -124,33 +124,40 @@ class OmniSpec:
                     f"{m.lengths}={int(lengths[i])}; they must be equal")
 
     @torch.no_grad()
-    def check_shapes(self, batch: dict[str, Tensor], with_loss: bool = True) -> Probe:
+    def check_shapes(self, batch: dict[str, Tensor], with_loss: bool = True,
+                     elsewhere: Mapping[int, tuple[int, ...]] | None = None) -> Probe:
         """Run one sample through every part (under the caller's precision context), check
-        that the parts connect, and return what the runtime sizes its messages with."""
+        that the parts connect, and return what the runtime sizes its messages with.
+
+        ``elsewhere``: shapes of the parameters this rank does not hold (by ``id``; a meta
+        build never allocated them). Parts with such parameters run on the meta device,
+        which gives shapes and dtypes; their encoders and loss are checked by the ranks
+        that host them."""
         one = {k: v[:1] for k, v in batch.items() if isinstance(v, Tensor)}
-        h = _call("embedding", self.embedding, one[self.tokens])
+        run = _PartRunner(elsewhere or {}, one[self.tokens].device)
+        h = run("embedding", self.embedding, one[self.tokens])
         _expect(isinstance(h, Tensor) and h.dim() == 3 and h.shape[:2] == one[self.tokens].shape,
                 "embedding", "output [B, T, hidden]", _shape(h))
         for m in self.modalities:
             n = int(one[m.lengths][0])
-            if n == 0:
+            if n == 0 or run.elsewhere(m.encoder):
                 continue
-            f = _call(f"modalities[{m.name}].encoder", m.encoder, one[m.inputs], one[m.lengths])
+            f = run(f"modalities[{m.name}].encoder", m.encoder, one[m.inputs], one[m.lengths])
             _expect(isinstance(f, Tensor) and f.dim() == 3 and f.shape[-1] == h.shape[-1]
                     and f.shape[1] >= n, f"modalities[{m.name}].encoder",
                     f"output [B, L>={n}, hidden={h.shape[-1]}] (the embedding's width)",
                     _shape(f))
         feature_dtype, dtypes = h.dtype, []
         for i, b in enumerate(self.blocks):
-            out = _call(f"blocks[{i}]", b, h)
+            out = run(f"blocks[{i}]", b, h)
             _expect(isinstance(out, Tensor) and out.shape == h.shape, f"blocks[{i}]",
                     f"output of its input's shape {tuple(h.shape)}", _shape(out))
             h = out
             dtypes.append(h.dtype)
-        logits = _call("head", self.head, h)
+        logits = run("head", self.head, h)
         _expect(isinstance(logits, Tensor) and logits.shape[:2] == h.shape[:2], "head",
                 f"output [B, T, ...] with B, T = {tuple(h.shape[:2])}", _shape(logits))
-        if with_loss:
+        if with_loss and not run.elsewhere(self.head):
             res = _call("loss", self.loss, logits, one)
             _expect(isinstance(res, tuple) and len(res) == 2, "loss", "a (sum, count) pair",
                     type(res).__name__)
@@ -184,6 +191,28 @@ def valid_rows(out: Tensor, lengths: Tensor) -> Tensor:
     """The encoder output rows of each sample's valid positions, sample by sample."""
     keep = torch.arange(out.shape[1], device=out.device) < lengths.to(out.device).unsqueeze(1)
     return out[keep]
+
+
+class _PartRunner:
+    """Runs a part for real, or on the meta device where it has parameters this rank does
+    not hold (their shapes given), converting the hidden state between the two."""
+
+    def __init__(self, shapes: Mapping[int, tuple[int, ...]], device: torch.device) -> None:
+        self.shapes, self.device = shapes, device
+
+    def elsewhere(self, part: nn.Module) -> bool:
+        return any(id(p) in self.shapes for p in part.parameters())
+
+    def __call__(self, name: str, part: nn.Module, *args: Tensor) -> object:
+        if not self.elsewhere(part):
+            real = [torch.zeros(a.shape, dtype=a.dtype, device=self.device) if a.is_meta
+                    else a for a in args]
+            return _call(name, part, *real)
+        state = {n: torch.empty(self.shapes.get(id(p), p.shape), dtype=p.dtype, device="meta")
+                 for n, p in part.named_parameters()}
+        state.update({n: b.to("meta") for n, b in part.named_buffers()})
+        meta = [a.to("meta") for a in args]
+        return _call(name, lambda *a: torch.func.functional_call(part, state, a), *meta)
 
 
 def _call(name: str, part: Callable, *args: Tensor) -> object:

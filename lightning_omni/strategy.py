@@ -12,14 +12,17 @@ refused at setup (``checks.py``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
 from .checks import check_module, check_precision, check_trainer
@@ -27,7 +30,9 @@ from .plan.lssp_schedule import GroupOptions
 from .runtime import checkpoint as ckpt
 from .runtime.engine import SCHEDULES, OmniEngine, StepResult
 from .runtime.executor import StepMode
+from .runtime.hosting import param_hosting
 from .runtime.layout import make_layout
+from .runtime.meta_init import InitRecording, MetaInitError, RecordInit, capture_rng, materialize
 from .runtime.metrics import step_metrics
 from .runtime.splittable import splittable_heads
 from .runtime.ulysses import BACKENDS
@@ -56,6 +61,9 @@ class OmniStrategy(DDPStrategy):
         ulysses_backend: ``"auto"`` (DeepSpeed if installed), ``"deepspeed"`` or ``"torch"``.
         zero_stage: 1 shards each stage's optimizer state over its data-parallel group
             (ZeRO-1, ``torch.distributed.optim.ZeroRedundancyOptimizer``); 0 replicates it.
+        meta_init: modules built in ``configure_model`` (or ``Trainer.init_module``) are
+            created on the meta device and each rank materializes only what it hosts, with
+            the plain build's values (``runtime/meta_init.py``); False builds them whole.
     """
 
     strategy_name = "omni"
@@ -67,7 +75,8 @@ class OmniStrategy(DDPStrategy):
                  reorder: bool = False, locality_groups: list[int] | None = None,
                  lssp_max_rows: float | None = None,
                  encoder_cost: tuple[float, float] = (1.0, 0.0),
-                 ulysses_backend: str = "auto", zero_stage: int = 0, **kwargs: Any) -> None:
+                 ulysses_backend: str = "auto", zero_stage: int = 0, meta_init: bool = True,
+                 **kwargs: Any) -> None:
         if not isinstance(pipeline_parallel, int) or pipeline_parallel < 1:
             raise ValueError(f"pipeline_parallel: expected an int >= 1, got {pipeline_parallel!r}")
         if data_parallel is not None and (not isinstance(data_parallel, int) or data_parallel < 1):
@@ -90,8 +99,15 @@ class OmniStrategy(DDPStrategy):
             raise ValueError(f"zero_stage: expected 0 (replicated optimizer state) or 1 "
                              f"(sharded over each stage's data-parallel group), got "
                              f"{zero_stage!r}")
+        if not isinstance(meta_init, bool):
+            raise ValueError(f"meta_init: expected True or False, got {meta_init!r}")
         super().__init__(timeout=timeout, **kwargs)
         self.zero_stage = zero_stage
+        self.meta_init = meta_init
+        self._init_recording: InitRecording | None = None
+        self._built_here = False  # this rank materialized its stage from a meta build
+        self._elsewhere: dict[int, tuple[int, ...]] = {}  # shapes of what it never built
+        self._meta_layout = None  # the layout fixed before a meta build was materialized
         self.lssp, self.reorder = bool(lssp), bool(reorder)
         self.locality_groups = None if locality_groups is None else list(locality_groups)
         self.lssp_max_rows = lssp_max_rows
@@ -109,7 +125,8 @@ class OmniStrategy(DDPStrategy):
 
     # -- checks before processes and process groups exist --------------------------------
     def connect(self, model) -> None:
-        get_spec(model).validate(self.pipeline_parallel)
+        if not is_overridden("configure_model", model):  # else built later: checked at setup
+            get_spec(model).validate(self.pipeline_parallel)
         super().connect(model)
 
     def _world(self) -> int:
@@ -154,6 +171,54 @@ class OmniStrategy(DDPStrategy):
         ``gradient_clip_val`` with the norm algorithm lands here)."""
         return self.engine.clip_grad_norm(max_norm) if self.engine is not None else None
 
+    # -- model: built on the meta device, each rank materializes what it hosts ---------------
+    @contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
+        """Lightning enters this around ``configure_model``: tensors are created on the meta
+        device and the calls that initialize them recorded, to be replayed for this rank's
+        stage at setup (``runtime/meta_init.py``)."""
+        if not self.meta_init:
+            with super().tensor_init_context(empty_init):
+                yield
+            return
+        recording = InitRecording()
+        capture_rng(recording, self.root_device)
+        with torch.device("meta"), RecordInit(recording), \
+                self.precision_plugin.tensor_init_context():
+            yield
+        if not torch.equal(torch.get_rng_state(), recording.cpu_rng):
+            raise MetaInitError("configure_model: it reseeded the random generator while "
+                                "building (torch.manual_seed?), which a meta-device build "
+                                "cannot replay; seed before Trainer.fit (seed_everything) or "
+                                "pass OmniStrategy(meta_init=False)")
+        if recording.calls:
+            self._init_recording = recording
+
+    def _materialize(self, module) -> bool:
+        """Replay the meta build for this rank (rank 0's RNG state on every rank, so every
+        stage gets the values of the one module rank 0 would build). False: nothing to do."""
+        recording = self._init_recording
+        if recording is None or not any(p.is_meta for p in module.parameters()):
+            return False
+        spec = get_spec(module)
+        # the layout balances blocks by parameter counts: fixed now, while every rank still
+        # sees the full shapes (afterwards the blocks hosted elsewhere are empty here)
+        self._meta_layout = layout = self._layout(spec)
+        hosting = param_hosting(spec, layout, self.schedule)
+        elsewhere = [p for p, h in zip(hosting.params, hosting.holders, strict=True)
+                     if layout.rank not in h]
+        recording.cpu_rng, recording.cuda_rng = self.broadcast(
+            (recording.cpu_rng, recording.cuda_rng), src=0)
+        self._elsewhere = {id(p): tuple(p.shape) for p in elsewhere}  # for the shape probe
+        materialize(module, recording, elsewhere, self.root_device)
+        self._init_recording = None
+        return True
+
+    def _layout(self, spec: OmniSpec):
+        spec.validate(self.pipeline_parallel)
+        return make_layout(self._world(), self.global_rank, self.pipeline_parallel,
+                           self.data_parallel, spec.costs_of_blocks(), self.stage_blocks)
+
     # -- model: no wrapper; one engine per module and layout ----------------------------------
     def setup(self, trainer) -> None:
         assert self.accelerator is not None
@@ -161,6 +226,7 @@ class OmniStrategy(DDPStrategy):
         module = self.lightning_module
         check_trainer(trainer, self)
         check_module(module)
+        self._built_here = self._materialize(module)  # a meta build, before it is moved
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         self.engine = self._engine_for(module)
@@ -214,13 +280,13 @@ class OmniStrategy(DDPStrategy):
                     "checkpoint (lightning_omni.runtime.consolidate)")
             return previous[1]
         self.spec = get_spec(module)
-        self.spec.validate(self.pipeline_parallel)
-        layout = make_layout(self._world(), self.global_rank, self.pipeline_parallel,
-                             self.data_parallel, self.spec.costs_of_blocks(), self.stage_blocks)
+        layout = self._meta_layout or self._layout(self.spec)
         engine = OmniEngine(self.spec, layout, self.schedule, self.num_microbatches,
                             self.omni_timeout, self.root_device, self._group_options(),
                             self.ulysses_backend)
-        engine.sync_parameters()
+        if not self._built_here:  # each rank built the whole module: take rank 0's values
+            engine.sync_parameters()
+        engine.elsewhere = self._elsewhere
         module.__dict__["_omni_engine"] = (key, engine)
         return engine
 

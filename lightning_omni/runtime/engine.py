@@ -102,6 +102,8 @@ class OmniEngine:
         self.executor: StageExecutor | None = None
         self.probe: Probe | None = None
         self.steps = 0  # steps run by this engine (any mode), for error messages
+        # shapes of the parameters a meta build never allocated here (by id; the shape probe)
+        self.elsewhere: dict[int, tuple[int, ...]] = {}
         self.groups = self._make_groups()
         # LSSP / grouped reordering: encoder work as group actions of each stage's
         # data-parallel group (see plan.lssp_schedule); None keeps the per-replica plans
@@ -169,7 +171,8 @@ class OmniEngine:
     def _first_batch(self, batch: dict[str, Tensor], mode: StepMode,
                      forward_context: Callable[[], AbstractContextManager]) -> None:
         with forward_context():
-            self.probe = self.spec.check_shapes(batch, with_loss=mode != StepMode.PREDICT)
+            self.probe = self.spec.check_shapes(batch, with_loss=mode != StepMode.PREDICT,
+                                                elsewhere=self.elsewhere)
         ex = StageExecutor(self.spec, self.layout, self.groups, self.probe, self.device,
                            self.timeout, self.hosting, self.encoder_ranks)
         keep = {id(p) for p in ex.owned_params()}

@@ -12,8 +12,9 @@ random draws of its initializers still run on a scratch tensor of its shape (one
 so every later draw lands where the plain run's did. The values are therefore exactly the plain
 module's, with peak memory of the hosted part plus one scratch parameter.
 
-A call the replay cannot reproduce (a hosted parameter computed from one hosted elsewhere, a
-tensor whose values came from outside the recording) raises ``MetaInitError`` naming it.
+A value the replay cannot reproduce (a tensor made outside the recording, a parameter only
+ever allocated because its initializer skipped meta tensors unseen) raises ``MetaInitError``
+naming it.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 # calls that only read metadata or make views: nothing to replay (views are rebuilt with
 # as_strided from the tensor they alias)
 _NO_VALUES = {"dim", "size", "numel", "stride", "storage_offset", "is_contiguous", "__get__",
+              "__set__", "_has_compatible_shallow_copy_type",
               "__len__", "element_size", "_set_grad_enabled", "__repr__", "__format__",
               "requires_grad_", "__setstate__", "is_floating_point", "is_complex"}
 
@@ -51,6 +53,35 @@ def _key(t: Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
+@dataclass(frozen=True)
+class _Ref:
+    """A meta tensor as a call saw it (a later ``.data`` assignment rebinds the Python object
+    to another storage, so nothing is read from the object afterwards)."""
+
+    key: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    storage_numel: int
+
+    def view_of(self, base: Tensor) -> Tensor:
+        return base.as_strided(self.size, self.stride, self.offset)
+
+
+def _ref(x: Any, alive: dict[int, Any]) -> Any:
+    if isinstance(x, Tensor) and x.is_meta:
+        storage = x.untyped_storage()
+        alive.setdefault(storage._cdata, storage)  # no later tensor reuses its address
+        return _Ref(_key(x), tuple(x.size()), tuple(x.stride()), x.storage_offset(), x.dtype,
+                    x.untyped_storage().nbytes() // max(1, x.element_size()))
+    return x
+
+
+def _refs(tree: Any) -> list[_Ref]:
+    return [x for x in tree_flatten(tree)[0] if isinstance(x, _Ref)]
+
+
 @dataclass
 class _Call:
     func: Any
@@ -59,9 +90,29 @@ class _Call:
     out: Any
     default_dtype: torch.dtype
 
+    @staticmethod
+    def of(func: Any, args: tuple, kwargs: dict, out: Any, alive: dict[int, Any]) -> _Call:
+        def ref(x: Any) -> Any:
+            return _ref(x, alive)
+
+        return _Call(func, tree_map(ref, args), tree_map(ref, kwargs), tree_map(ref, out),
+                     torch.get_default_dtype())
+
     @property
     def name(self) -> str:
         return getattr(self.func, "__name__", str(self.func))
+
+    def reads(self) -> list[_Ref]:
+        return _refs((self.args, self.kwargs))
+
+    def writes(self) -> set[int]:
+        """Storages this call gives values to: its outputs, an in-place call's target."""
+        keys = {r.key for r in _refs(self.out)}
+        if self.name.endswith("_") or self.name == "__setitem__":
+            target = self.args[0] if self.args else self.kwargs.get("tensor")
+            if isinstance(target, _Ref):
+                keys.add(target.key)
+        return keys
 
 
 @dataclass
@@ -69,6 +120,7 @@ class InitRecording:
     """What ``configure_model`` did on the meta device, and the RNG state it started from."""
 
     calls: list[_Call] = field(default_factory=list)
+    alive: dict[int, Any] = field(default_factory=dict)  # meta storages seen, by key
     cpu_rng: Tensor | None = None
     cuda_rng: Tensor | None = None
 
@@ -100,8 +152,8 @@ class RecordInit(TorchFunctionMode):
     def _recorded(self, original):
         def init(tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
             if isinstance(tensor, Tensor) and tensor.is_meta:
-                self.recording.calls.append(_Call(original, (tensor, *args), kwargs, tensor,
-                                                  torch.get_default_dtype()))
+                self.recording.calls.append(
+                    _Call.of(original, (tensor, *args), kwargs, None, self.recording.alive))
                 return tensor
             return original(tensor, *args, **kwargs)
         init.__name__ = original.__name__
@@ -110,17 +162,12 @@ class RecordInit(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        tensors = [t for t in _tensors((args, kwargs, out)) if t.is_meta]
-        if tensors and getattr(func, "__name__", "") not in _NO_VALUES:
-            self.recording.calls.append(_Call(func, args, kwargs, out,
-                                              torch.get_default_dtype()))
+        if getattr(func, "__name__", "") not in _NO_VALUES and any(
+                isinstance(t, Tensor) and t.is_meta
+                for t in tree_flatten((args, kwargs, out))[0]):
+            self.recording.calls.append(_Call.of(func, args, kwargs, out,
+                                                 self.recording.alive))
         return out
-
-
-def _tensors(tree: Any) -> list[Tensor]:
-    found: list[Tensor] = []
-    tree_map(lambda x: found.append(x) if isinstance(x, Tensor) else None, tree)
-    return found
 
 
 def materialize(module: nn.Module, recording: InitRecording, elsewhere: Iterable[Tensor],
@@ -130,49 +177,59 @@ def materialize(module: nn.Module, recording: InitRecording, elsewhere: Iterable
     become empty tensors (see the module doc). The RNG ends where the plain build leaves it."""
     skipped = {_key(p) for p in elsewhere if p.is_meta}
     _check_written(module, recording, skipped)
+    kept = {_key(t) for t in (*module.parameters(), *module.buffers())
+            if t.is_meta and _key(t) not in skipped}
+    needed = _needed(recording, kept)
     if recording.cpu_rng is not None:
         torch.set_rng_state(recording.cpu_rng)
     if recording.cuda_rng is not None and device.type == "cuda":
         torch.cuda.set_rng_state(recording.cuda_rng, device)
     real: dict[int, Tensor] = {}  # meta storage -> real tensor over its whole storage
     for call in recording.calls:
-        _replay(call, real, skipped, device)
-    recording.calls.clear()  # its references to the meta tensors would block the swap below
+        _replay(call, real, needed, device)
+    recording.calls.clear()
+    recording.alive.clear()
     gc.collect()
-    names = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
+    params = dict(module.named_parameters())
+    names = [n for n, t in (*params.items(), *module.named_buffers()) if t.is_meta]
     for name in names:
-        t = module.get_parameter(name) if name in dict(module.named_parameters()) \
-            else module.get_buffer(name)
+        t = params.pop(name) if name in params else module.get_buffer(name)
         if _key(t) in skipped:
             value = torch.empty(0, dtype=t.dtype, device=device)
+        elif _key(t) in real:
+            value = real[_key(t)].as_strided(t.size(), t.stride(), t.storage_offset())
         else:
-            base = real.get(_key(t))
-            if base is None:
-                raise MetaInitError(f"{name}: its values were not made by torch calls inside "
-                                    "configure_model, so they cannot be rebuilt on this rank; "
-                                    "create it there (or in __init__ without OmniStrategy's "
-                                    "configure_model)")
-            value = base.as_strided(t.size(), t.stride(), t.storage_offset())
+            raise MetaInitError(f"{name}: its values were not made by torch calls inside "
+                                "configure_model, so they cannot be rebuilt on this rank; "
+                                "create it there (or in __init__ with meta_init=False)")
         if isinstance(t, nn.Parameter):
             value = nn.Parameter(value, requires_grad=t.requires_grad)
         # the same Python object (an optimizer, a tie, a hook keeps it), now real
         torch.utils.swap_tensors(t, value)
+        del t, value
+
+
+def _needed(recording: InitRecording, kept: set[int]) -> set[int]:
+    """Storages whose values the kept tensors depend on (themselves included): backwards
+    over the recording, a call that writes a needed storage needs all it reads."""
+    needed = set(kept)
+    for call in reversed(recording.calls):
+        if call.writes() & needed:
+            needed |= {r.key for r in call.reads()}
+    return needed
 
 
 def _check_written(module: nn.Module, recording: InitRecording, skipped: set[int]) -> None:
     """A parameter only ever allocated (``torch.empty``) was most likely initialized by a
     call the recording could not see (an initializer that returns at once for meta tensors,
     imported by direct reference): refuse rather than replay uninitialized memory."""
-    writers: dict[int, list[str]] = {}
+    writers: dict[int, set[str]] = {}
     for call in recording.calls:
-        ins = {_key(t) for t in _tensors((call.args, call.kwargs)) if t.is_meta}
-        for t in _tensors(call.out):
-            if t.is_meta and (call.name.endswith("_") or call.name == "__setitem__"
-                              or _key(t) not in ins):
-                writers.setdefault(_key(t), []).append(call.name)
+        for key in call.writes():
+            writers.setdefault(key, set()).add(call.name)
     for name, p in module.named_parameters():
         if p.is_meta and _key(p) not in skipped and \
-                set(writers.get(_key(p), [])) <= {"empty", "empty_strided"}:
+                writers.get(_key(p), set()) <= {"empty", "empty_strided"}:
             raise MetaInitError(f"{name}: allocated on the meta device but never initialized "
                                 "by a call OmniStrategy could record (an initializer that "
                                 "skips meta tensors, such as a directly imported "
@@ -180,55 +237,42 @@ def _check_written(module: nn.Module, recording: InitRecording, skipped: set[int
                                 "initialize the parameter with in-place tensor operations")
 
 
-def _real_view(meta: Tensor, real: dict[int, Tensor], what: str) -> Tensor:
-    base = real.get(_key(meta))
-    if base is None:
-        raise MetaInitError(f"{what}: reads a tensor whose values this rank does not have "
-                            "(a parameter hosted on another stage, or one made outside "
-                            "configure_model)")
-    return base.as_strided(meta.size(), meta.stride(), meta.storage_offset())
-
-
-def _replay(call: _Call, real: dict[int, Tensor], skipped: set[int], device: torch.device
+def _replay(call: _Call, real: dict[int, Tensor], needed: set[int], device: torch.device
             ) -> None:
-    outs = [t for t in _tensors(call.out) if t.is_meta]
-    ins = [t for t in _tensors((call.args, call.kwargs)) if t.is_meta]
-    written = {_key(t) for t in outs}
-    if written and written <= skipped:
-        # only parameters hosted elsewhere change: replay the random draws on scratch
-        # tensors (the generator must advance as in the plain build), nothing else
+    written = call.writes()
+    if written and not written & needed:
+        # nothing this rank keeps depends on it: only random draws are replayed, on scratch
+        # tensors, so that the generator advances as in the plain build
         if call.name not in _RANDOM:
             return
-        scratch: dict[int, Tensor] = {}
-        for t in ins:
-            if _key(t) not in scratch:
-                scratch[_key(t)] = torch.empty(t.untyped_storage().nbytes() // t.element_size(),
-                                               dtype=t.dtype, device=device)
-        _run(call, lambda t: scratch[_key(t)].as_strided(t.size(), t.stride(),
-                                                         t.storage_offset()),
-             real, device, record=False)
+        scratch = {r.key: torch.empty(r.storage_numel, dtype=r.dtype, device=device)
+                   for r in call.reads()}
+        _run(call, lambda r: r.view_of(scratch[r.key]), real, device, record=False)
         return
-    if any(_key(t) in skipped for t in ins if _key(t) not in written):
-        raise MetaInitError(f"{call.name}: computes a tensor this rank needs from a parameter "
-                            "hosted on another stage")
-    _run(call, lambda t: _real_view(t, real, call.name), real, device, record=True)
+
+    def view(r: _Ref) -> Tensor:
+        if r.key not in real:
+            raise MetaInitError(f"{call.name}: reads a tensor whose values this rank does "
+                                "not have (one made outside configure_model)")
+        return r.view_of(real[r.key])
+
+    _run(call, view, real, device, record=True)
 
 
 def _run(call: _Call, view, real: dict[int, Tensor], device: torch.device,
          record: bool) -> None:
     def swap(x: Any) -> Any:
-        if isinstance(x, Tensor) and x.is_meta:
+        if isinstance(x, _Ref):
             return view(x)
         if isinstance(x, torch.device) and x.type == "meta":
             return device
         return x
 
-    fresh = [t for t in _tensors(call.out) if t.is_meta and _key(t) not in real]
-    ins = {_key(t) for t in _tensors((call.args, call.kwargs)) if t.is_meta}
-    kwargs = {k: swap(v) for k, v in call.kwargs.items()}
-    if fresh and not ins:  # a factory: make it on the real device, with the recorded dtype
+    fresh = [r for r in _refs(call.out) if r.key not in real]
+    kwargs = tree_map(swap, call.kwargs)
+    if fresh and not call.reads():  # a factory: on the real device, with the recorded dtype
         kwargs["device"] = device
-        if "dtype" in _factory_kwargs(call) and "dtype" not in kwargs:
+        if call.name in _FACTORIES and "dtype" not in kwargs:
             kwargs["dtype"] = fresh[0].dtype
     previous = torch.get_default_dtype()
     torch.set_default_dtype(call.default_dtype)
@@ -238,18 +282,16 @@ def _run(call: _Call, view, real: dict[int, Tensor], device: torch.device,
         torch.set_default_dtype(previous)
     if not record:
         return
-    for meta_t, real_t in zip(_tensors(call.out), _tensors(out), strict=False):
-        if isinstance(meta_t, Tensor) and meta_t.is_meta and _key(meta_t) not in real:
-            if meta_t.storage_offset() != 0 or not meta_t.is_contiguous():
-                raise MetaInitError(f"{call.name}: made a view of a new tensor; cannot "
-                                    "rebuild its storage")
-            real[_key(meta_t)] = real_t
+    for r, t in zip(tree_flatten(call.out)[0], tree_flatten(out)[0], strict=False):
+        if isinstance(r, _Ref) and r.key not in real:
+            if r.offset != 0 or t.numel() != r.storage_numel:
+                raise MetaInitError(f"{call.name}: made a view into a new tensor; its "
+                                    "storage cannot be rebuilt")
+            real[r.key] = t
 
 
-def _factory_kwargs(call: _Call) -> set[str]:
-    return {"dtype"} if call.name in {"empty", "zeros", "ones", "full", "randn", "rand",
-                                      "randint", "arange", "linspace", "logspace", "eye",
-                                      "empty_strided", "normal", "tensor"} else set()
+_FACTORIES = {"empty", "zeros", "ones", "full", "randn", "rand", "randint", "arange",
+              "linspace", "logspace", "eye", "empty_strided", "normal", "tensor"}
 
 
 def capture_rng(recording: InitRecording, device: torch.device) -> None:

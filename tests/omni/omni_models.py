@@ -107,6 +107,9 @@ class OmniToy(pl.LightningModule):
                  width: int = 12, encoder: str = "plain", tie: bool = False) -> None:
         super().__init__()
         self.lr = lr
+        self._build(hidden, layers, width, encoder, tie)
+
+    def _build(self, hidden: int, layers: int, width: int, encoder: str, tie: bool) -> None:
         if encoder == "token":  # attention swappable for Ulysses: LSSP can split a sample
             from lightning_omni.runtime.token_encoder import TokenEncoder
 
@@ -206,9 +209,30 @@ class ToyData(Dataset):
         return self.items[i]
 
 
+class LazyToy(OmniToy):
+    """The same model built in ``configure_model`` (Lightning's hook for large models): under
+    OmniStrategy on the meta device, each rank materializing only its stage."""
+
+    def __init__(self, hidden: int = 16, layers: int = 4, lr: float = 1e-2, width: int = 12,
+                 encoder: str = "plain", tie: bool = False,
+                 dtype: torch.dtype = torch.float64) -> None:
+        pl.LightningModule.__init__(self)
+        self.lr = lr
+        self._shape = (hidden, layers, width, encoder, tie)
+        self._dtype = dtype
+
+    def configure_model(self) -> None:
+        if hasattr(self, "blocks"):
+            return
+        self._build(*self._shape)
+        self.to(self._dtype)
+
+
 def make_model(seed: int = 0, logging: bool = False, dtype: torch.dtype = torch.float64,
-               **kw: Any) -> OmniToy:
+               lazy: bool = False, **kw: Any) -> OmniToy:
     torch.manual_seed(seed)
+    if lazy:
+        return LazyToy(dtype=dtype, **kw)
     return (LoggingToy if logging else OmniToy)(**kw).to(dtype)
 
 
@@ -327,7 +351,7 @@ def _loader(rank: int, pp: int, dp: int, samples: int, batch: int) -> DataLoader
 
 def fit_worker(rank: int, world: int, pp: int, dp: int, schedules: list[str], steps: int,
                batch: int, samples: int, ckpt_dir: str | None = None,
-               zero_stage: int = 0) -> dict[str, Any]:
+               zero_stage: int = 0, lazy: bool = False) -> dict[str, Any]:
     """Per schedule: losses, first-step gradients, final values of the hosted parameters and
     the bytes of optimizer state this rank holds. With ``ckpt_dir`` (last schedule): also a
     run stopped after one epoch, checkpointed, and resumed in a fresh Trainer and model up to
@@ -337,15 +361,20 @@ def fit_worker(rank: int, world: int, pp: int, dp: int, schedules: list[str], st
 
     out: dict[str, Any] = {}
     for schedule in schedules:
-        model = make_model(0)
+        model = make_model(0, lazy=lazy)
         rec = _Record()
         strategy = OmniStrategy(pipeline_parallel=pp, data_parallel=dp, schedule=schedule,
                                 num_microbatches=4, zero_stage=zero_stage)
-        _trainer(world, strategy, steps, [rec]).fit(model, _loader(rank, pp, dp, samples, batch))
+        loader = _loader(rank, pp, dp, samples, batch)
+        if lazy:  # built in fit: from the seed, as the reference's model right after seeding
+            torch.manual_seed(0)
+        _trainer(world, strategy, steps, [rec]).fit(model, loader)
         hosted = strategy.engine.hosted_param_ids() if strategy.engine else set()
         out[schedule] = {"losses": rec.losses, "grads0": rec.grads0,
                          "params": {n: p.detach().clone() for n, p in model.named_parameters()
                                     if id(p) in hosted},
+                         "param_bytes": sum(p.numel() * p.element_size()
+                                            for p in model.parameters()),
                          "optimizer": type(strategy.optimizers[0]).__name__,
                          "state_bytes": state_bytes(strategy.optimizers[0])}
     if ckpt_dir is not None:
@@ -355,14 +384,17 @@ def fit_worker(rank: int, world: int, pp: int, dp: int, schedules: list[str], st
         # Lightning's own checkpoint callback, at the end of the first epoch
         save = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename="epoch0", save_top_k=-1)
         trainer = _trainer(world, strategy, -1, [save], max_epochs=1, enable_checkpointing=True)
-        trainer.fit(make_model(0), _loader(rank, pp, dp, samples, batch))
+        model, loader = make_model(0, lazy=lazy), _loader(rank, pp, dp, samples, batch)
+        if lazy:
+            torch.manual_seed(0)
+        trainer.fit(model, loader)
         rec = _Record()
         strategy = OmniStrategy(pipeline_parallel=pp, data_parallel=dp, schedule=schedule,
                                 num_microbatches=4, zero_stage=zero_stage)
         # epoch-based, like the checkpoint (max_steps makes Lightning resume mid-epoch)
         epochs = steps * batch // samples
         _trainer(world, strategy, -1, [rec], max_epochs=epochs).fit(
-            make_model(1), _loader(rank, pp, dp, samples, batch), ckpt_path=path)
+            make_model(1, lazy=lazy), _loader(rank, pp, dp, samples, batch), ckpt_path=path)
         out["resumed_losses"] = rec.losses
     return out
 

@@ -23,22 +23,21 @@ def reference():
     return reference_run(STEPS, BATCH, ToyData(SAMPLES))
 
 
-@pytest.mark.parametrize("pp,dp,zero", [(1, 1, 0), (1, 2, 0), (2, 1, 0), (2, 2, 0), (2, 2, 1)])
-def test_matches_single_process(pp, dp, zero, reference, tmp_path):
-    """Also with ZeRO-1 (``zero_stage=1``): optimizer state sharded over each stage's
-    data-parallel group, the same losses, parameters and checkpoint resume."""
+@pytest.mark.parametrize("pp,dp,zero,lazy", [(1, 1, 0, 0), (1, 2, 0, 0), (2, 1, 0, 0),
+                                             (2, 2, 0, 0), (2, 2, 1, 1)])
+def test_matches_single_process(pp, dp, zero, lazy, reference, tmp_path):
+    """Also with ZeRO-1 (``zero_stage=1``: optimizer state sharded over each stage's
+    data-parallel group) and the model built in ``configure_model`` (``lazy``: on the meta
+    device, each rank materializing its stage): the same losses, parameters and resume."""
     ckpt = str(tmp_path) if (pp, dp) == (2, 2) else None
     schedules = SCHEDULES[1:] if zero else SCHEDULES
-    ranks = spawn(fit_worker, pp * dp, pp, dp, schedules, STEPS, BATCH, SAMPLES, ckpt, zero)
+    ranks = spawn(fit_worker, pp * dp, pp, dp, schedules, STEPS, BATCH, SAMPLES, ckpt, zero,
+                  bool(lazy))
     names = {n for n, _ in make_model(0).named_parameters()}
-    if zero:
-        full = reference["state_bytes"]
-        for r in ranks:
-            assert r[schedules[0]]["optimizer"] == "ZeroRedundancyOptimizer"
-            # Adam keeps two float64 moments per element: sharded, each rank well under half
-            assert 0 < r[schedules[0]]["state_bytes"] <= 0.6 * full
-        # the shards cover every element's state exactly once per stage (encoders: per stage)
-        assert sum(r[schedules[0]]["state_bytes"] for r in ranks) >= full
+    if lazy:
+        full = sum(p.numel() * p.element_size() for p in make_model(0).parameters())
+        for r in ranks:  # a stage's blocks and the encoders, never the whole model
+            assert 0 < r[schedules[0]]["param_bytes"] < full
     for schedule in schedules:
         for r in ranks:
             torch.testing.assert_close(_f64(r[schedule]["losses"]), _f64(reference["losses"]),
@@ -55,6 +54,15 @@ def test_matches_single_process(pp, dp, zero, reference, tmp_path):
                 seen_params.add(n)
         # every parameter is hosted (and checked) somewhere
         assert seen_grads == names and seen_params == names
+    if zero:
+        full = reference["state_bytes"]
+        for r in ranks:
+            assert r[schedules[0]]["optimizer"] == "ZeroRedundancyOptimizer"
+            # Adam keeps two float64 moments per element: sharded, each rank well under half
+            assert 0 < r[schedules[0]]["state_bytes"] <= 0.6 * full
+        # the shards cover every element's state once per stage (encoders: once per stage)
+        assert sum(r[schedules[0]]["state_bytes"] for r in ranks) >= full, \
+            [r[schedules[0]]["state_bytes"] for r in ranks]
     if ckpt is not None:
         path = Path(ckpt) / "epoch0.ckpt"
         assert is_sharded(path) and shard_path(path, 0).exists() and shard_path(path, 1).exists()

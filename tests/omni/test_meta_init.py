@@ -82,16 +82,24 @@ def test_values_from_outside_the_recording_are_refused():
         materialize(net, rec, [], torch.device("cpu"))
 
 
-def test_a_hosted_tensor_computed_from_one_hosted_elsewhere_is_refused():
+def _pair() -> nn.ModuleDict:
+    a, b = nn.Linear(4, 4), nn.Linear(4, 4)
+    with torch.no_grad():
+        b.weight.copy_(a.weight * 2)
+    return nn.ModuleDict({"a": a, "b": b})
+
+
+def test_a_hosted_tensor_computed_from_one_hosted_elsewhere_gets_its_plain_value():
+    torch.manual_seed(5)
+    plain = _pair()
+    torch.manual_seed(5)
     rec = InitRecording()
+    capture_rng(rec, torch.device("cpu"))
     with torch.device("meta"), RecordInit(rec):
-        a = nn.Linear(4, 4)
-        b = nn.Linear(4, 4)
-        with torch.no_grad():
-            b.weight.copy_(a.weight * 2)
-    both = nn.ModuleDict({"a": a, "b": b})
-    with pytest.raises(MetaInitError, match="hosted on another stage"):
-        materialize(both, rec, [a.weight, a.bias], torch.device("cpu"))
+        both = _pair()
+    materialize(both, rec, [both["a"].weight, both["a"].bias], torch.device("cpu"))
+    assert both["a"].weight.numel() == 0
+    torch.testing.assert_close(both["b"].weight, plain["b"].weight, rtol=0, atol=0)
 
 
 def test_an_initializer_the_recording_cannot_see_is_refused():
