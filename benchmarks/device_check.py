@@ -1,0 +1,136 @@
+"""OmniStrategy on one CUDA GPU: a short check for a machine that has one (under 10 minutes).
+
+1. The single-rank CUDA path in bf16 (``precision="bf16-mixed"``) against the CPU float64 run
+   of the same model, data and steps: every step's loss within ``--rtol`` (bf16 rounding).
+2. A model built in ``configure_model`` (the omni_memory benchmark's, 1.3 GB of float32
+   parameters) on the GPU: ``torch.cuda.max_memory_allocated`` after setup and after one step.
+3. Tokens per second of that model's training steps at PP1 (one rank).
+
+    python benchmarks/device_check.py --out build/device_check.json
+
+Without CUDA it says so and exits with status 2; ``--device cpu`` runs the same script on the
+CPU (parts 1 and 3, as a smoke test of the script itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "omni"))
+
+from omni_memory import BigModel, make_batch  # noqa: E402
+
+from lightning_omni import OmniStrategy  # noqa: E402
+
+
+class _Losses(pl.Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+        self.times: list[float] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize()
+        self.losses.append(float(outputs["loss"]))
+        self.times.append(time.perf_counter())
+
+
+def _single_rank_env() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="1", RANK="0",
+                      LOCAL_RANK="0", NODE_RANK="0")
+
+
+def _fit(model, data, accelerator: str, precision: str, steps: int) -> _Losses:
+    rec = _Losses()
+    trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps, logger=False,
+                         precision=precision, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         use_distributed_sampler=False, callbacks=[rec],
+                         strategy=OmniStrategy(num_microbatches=2))
+    trainer.fit(model, data)
+    return rec
+
+
+def check_bf16_against_f64(accelerator: str, steps: int, rtol: float) -> dict:
+    """Part 1: the toy model of the equivalence tests, float64 on CPU against bf16 here."""
+    from omni_models import ToyData, make_model
+    from torch.utils.data import DataLoader
+
+    data = DataLoader(ToyData(16 * steps), batch_size=16, shuffle=False)
+    ref = _fit(make_model(0), data, "cpu", "64-true", steps).losses
+    got = _fit(make_model(0, dtype=torch.float32), data, accelerator, "bf16-mixed",
+               steps).losses
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref, strict=True))
+    return {"losses_f64_cpu": ref, f"losses_bf16_{accelerator}": got,
+            "max_relative_difference": worst, "rtol": rtol, "met": worst <= rtol}
+
+
+class _Repeat(torch.utils.data.IterableDataset):
+    def __init__(self, n: int, batch: int) -> None:
+        self.n, self.batch = n, batch
+
+    def __iter__(self):
+        for _ in range(self.n):
+            yield make_batch(self.batch)
+
+
+def check_configure_model(accelerator: str, steps: int, batch: int) -> dict:
+    """Parts 2 and 3: the 1.3 GB model built in configure_model, memory and tokens/s."""
+    cuda = accelerator == "gpu"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model = BigModel(1536, 12)
+    data = torch.utils.data.DataLoader(_Repeat(steps + 2, batch), batch_size=None)
+    rec = _fit(model, data, accelerator, "bf16-mixed", steps + 2)
+    dt = [b - a for a, b in zip(rec.times[1:], rec.times[2:], strict=False)]  # after warm-up
+    tokens = batch * 16  # make_batch: 16 tokens per sample
+    out = {"steps_timed": len(dt), "tokens_per_step": tokens,
+           "tokens_per_s": tokens * len(dt) / sum(dt) if dt else None,
+           "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    if cuda:
+        out["cuda_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--rtol", type=float, default=0.02, help="bf16 against float64, per loss")
+    p.add_argument("--batch", type=int, default=8, help="samples per step in part 3")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("device_check: no CUDA device here; nothing was checked (--device cpu runs the "
+              "script on the CPU)", file=sys.stderr)
+        return 2
+    accelerator = "gpu" if args.device == "cuda" else "cpu"
+    _single_rank_env()
+    res = {"device": torch.cuda.get_device_name() if accelerator == "gpu" else "cpu",
+           "torch": torch.__version__}
+    t0 = time.time()
+    res["bf16_vs_f64"] = check_bf16_against_f64(accelerator, args.steps, args.rtol)
+    res["configure_model"] = check_configure_model(accelerator, args.steps, args.batch)
+    res["seconds"] = time.time() - t0
+    print(json.dumps(res, indent=2))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(res, indent=2))
+    return 0 if res["bf16_vs_f64"]["met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
