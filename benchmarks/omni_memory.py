@@ -140,7 +140,7 @@ def _rank(rank: int, world: int, port: int, hidden: int, blocks: int, out_dir: s
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(measure.out))
 
 
-def _whole(hidden: int, blocks: int, out_dir: str) -> None:
+def _whole(_index: int, hidden: int, blocks: int, out_dir: str) -> None:
     """One process, the plain module: built, then one Adam step for its optimizer state."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
