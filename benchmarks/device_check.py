@@ -1,7 +1,8 @@
 """OmniStrategy on one CUDA GPU: a short check for a machine that has one (under 10 minutes).
 
 1. The single-rank CUDA path in bf16 (``precision="bf16-mixed"``) against the CPU float64 run
-   of the same model, data and steps: every step's loss within ``--rtol`` (bf16 rounding).
+   of the same model, data and steps: the first loss within 1% (one bf16 forward), every
+   loss within ``--rtol`` (5%: the optimizer steps on bf16 gradients drift).
 2. A model built in ``configure_model`` (the omni_memory benchmark's, 1.3 GB of float32
    parameters) on the GPU: ``torch.cuda.max_memory_allocated`` after setup and after one step.
 3. Tokens per second of that model's training steps at PP1 (one rank).
@@ -9,7 +10,8 @@
     python benchmarks/device_check.py --out build/device_check.json
 
 Without CUDA it says so and exits with status 2; ``--device cpu`` runs the same script on the
-CPU (parts 1 and 3, as a smoke test of the script itself).
+CPU as a smoke test of the script itself (with a small ``--hidden``: bf16 matmuls are slow
+on most CPUs).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "omni"))
 from omni_memory import BigModel, make_batch  # noqa: E402
 
 from lightning_omni import OmniStrategy  # noqa: E402
+
+
+FIRST_RTOL = 0.01
 
 
 class _Losses(pl.Callback):
@@ -69,13 +74,18 @@ def check_bf16_against_f64(accelerator: str, steps: int, rtol: float) -> dict:
     from omni_models import ToyData, make_model
     from torch.utils.data import DataLoader
 
-    data = DataLoader(ToyData(16 * steps), batch_size=16, shuffle=False)
-    ref = _fit(make_model(0), data, "cpu", "64-true", steps).losses
-    got = _fit(make_model(0, dtype=torch.float32), data, accelerator, "bf16-mixed",
-               steps).losses
-    worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref, strict=True))
+    def data(dtype: torch.dtype) -> DataLoader:  # autocast casts float32 inputs, not float64
+        return DataLoader(ToyData(16 * steps, dtype=dtype), batch_size=16, shuffle=False)
+
+    ref = _fit(make_model(0), data(torch.float64), "cpu", "64-true", steps).losses
+    got = _fit(make_model(0, dtype=torch.float32), data(torch.float32), accelerator,
+               "bf16-mixed", steps).losses
+    diffs = [abs(a - b) / abs(b) for a, b in zip(got, ref, strict=True)]
+    # the first loss is one forward (bf16's 8-bit mantissa: ~0.4% per rounding); later ones
+    # also carry the optimizer steps taken on bf16 gradients
     return {"losses_f64_cpu": ref, f"losses_bf16_{accelerator}": got,
-            "max_relative_difference": worst, "rtol": rtol, "met": worst <= rtol}
+            "relative_differences": diffs, "rtol_first": FIRST_RTOL, "rtol": rtol,
+            "met": diffs[0] <= FIRST_RTOL and max(diffs) <= rtol}
 
 
 class _Repeat(torch.utils.data.IterableDataset):
@@ -87,12 +97,13 @@ class _Repeat(torch.utils.data.IterableDataset):
             yield make_batch(self.batch)
 
 
-def check_configure_model(accelerator: str, steps: int, batch: int) -> dict:
-    """Parts 2 and 3: the 1.3 GB model built in configure_model, memory and tokens/s."""
+def check_configure_model(accelerator: str, steps: int, batch: int, hidden: int,
+                          blocks: int) -> dict:
+    """Parts 2 and 3: a model built in configure_model (default 1.3 GB), memory, tokens/s."""
     cuda = accelerator == "gpu"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    model = BigModel(1536, 12)
+    model = BigModel(hidden, blocks)
     data = torch.utils.data.DataLoader(_Repeat(steps + 2, batch), batch_size=None)
     rec = _fit(model, data, accelerator, "bf16-mixed", steps + 2)
     dt = [b - a for a, b in zip(rec.times[1:], rec.times[2:], strict=False)]  # after warm-up
@@ -109,8 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--rtol", type=float, default=0.02, help="bf16 against float64, per loss")
+    p.add_argument("--rtol", type=float, default=0.05,
+                   help="bf16 against float64, every step's loss (the first: 0.01)")
     p.add_argument("--batch", type=int, default=8, help="samples per step in part 3")
+    p.add_argument("--hidden", type=int, default=1536, help="part 2-3 model width")
+    p.add_argument("--blocks", type=int, default=12, help="part 2-3 model depth")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -123,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
            "torch": torch.__version__}
     t0 = time.time()
     res["bf16_vs_f64"] = check_bf16_against_f64(accelerator, args.steps, args.rtol)
-    res["configure_model"] = check_configure_model(accelerator, args.steps, args.batch)
+    res["configure_model"] = check_configure_model(accelerator, args.steps, args.batch,
+                                                   args.hidden, args.blocks)
     res["seconds"] = time.time() - t0
     print(json.dumps(res, indent=2))
     if args.out:
