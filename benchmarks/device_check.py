@@ -34,7 +34,6 @@ from omni_memory import BigModel, make_batch  # noqa: E402
 
 from lightning_omni import OmniStrategy  # noqa: E402
 
-
 FIRST_RTOL = 0.01
 
 
