@@ -20,6 +20,7 @@ naming it.
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,6 +246,10 @@ def _replay(call: _Call, real: dict[int, Tensor], needed: set[int], device: torc
         # tensors, so that the generator advances as in the plain build
         if call.name not in _RANDOM:
             return
+        target = call.args[0] if call.args else call.kwargs.get("tensor")
+        if call.name in _UNIFORM and device.type == "cpu" and isinstance(target, _Ref):
+            _draw_uniform(math.prod(target.size), target.dtype)
+            return
         scratch = {r.key: torch.empty(r.storage_numel, dtype=r.dtype, device=device)
                    for r in call.reads()}
         _run(call, lambda r: r.view_of(scratch[r.key]), real, device, record=False)
@@ -288,6 +293,19 @@ def _run(call: _Call, view, real: dict[int, Tensor], device: torch.device,
                 raise MetaInitError(f"{call.name}: made a view into a new tensor; its "
                                     "storage cannot be rebuilt")
             real[r.key] = t
+
+
+# CPU draws of these take one random number per element, serially, whatever the bounds
+# and the tensor's size: their draws for a parameter hosted elsewhere are replayed in chunks,
+# without allocating the parameter (a large output head, say)
+_UNIFORM = {"uniform_", "kaiming_uniform_", "xavier_uniform_"}
+_CHUNK = 1 << 20
+
+
+def _draw_uniform(numel: int, dtype: torch.dtype) -> None:
+    buffer = torch.empty(min(numel, _CHUNK), dtype=dtype)
+    for start in range(0, numel, _CHUNK):
+        buffer[:min(_CHUNK, numel - start)].uniform_()
 
 
 _FACTORIES = {"empty", "zeros", "ones", "full", "randn", "rand", "randint", "arange",
