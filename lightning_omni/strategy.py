@@ -25,6 +25,9 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
+from lightning_omnilab.validate import boolean, fail, one_of, positive_int, positive_number
+
+from . import _registration
 from .checks import check_module, check_precision, check_trainer
 from .plan.lssp_schedule import GroupOptions
 from .runtime import checkpoint as ckpt
@@ -77,30 +80,19 @@ class OmniStrategy(DDPStrategy):
                  encoder_cost: tuple[float, float] = (1.0, 0.0),
                  ulysses_backend: str = "auto", zero_stage: int = 0, meta_init: bool = True,
                  **kwargs: Any) -> None:
-        if not isinstance(pipeline_parallel, int) or pipeline_parallel < 1:
-            raise ValueError(f"pipeline_parallel: expected an int >= 1, got {pipeline_parallel!r}")
-        if data_parallel is not None and (not isinstance(data_parallel, int) or data_parallel < 1):
-            raise ValueError(f"data_parallel: expected an int >= 1, got {data_parallel!r}")
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
-        if num_microbatches is not None and (not isinstance(num_microbatches, int)
-                                             or num_microbatches < 1):
-            raise ValueError(f"num_microbatches: expected an int >= 1, got {num_microbatches!r}")
-        if lssp_max_rows is not None and not lssp_max_rows > 0:
-            raise ValueError(f"lssp_max_rows: expected a number > 0 or None, got "
-                             f"{lssp_max_rows!r}")
+        positive_int("pipeline_parallel", pipeline_parallel)
+        positive_int("data_parallel", data_parallel, none_ok=True)
+        one_of("schedule", schedule, SCHEDULES)
+        positive_int("num_microbatches", num_microbatches, none_ok=True)
+        positive_number("lssp_max_rows", lssp_max_rows, none_ok=True)
         if len(encoder_cost) != 2 or any(c < 0 for c in encoder_cost) or sum(encoder_cost) <= 0:
-            raise ValueError(f"encoder_cost: expected (a, b) >= 0, not both 0, got "
-                             f"{encoder_cost!r}")
-        if ulysses_backend not in BACKENDS:
-            raise ValueError(f"ulysses_backend: expected one of {BACKENDS}, got "
-                             f"{ulysses_backend!r}")
-        if zero_stage not in (0, 1) or isinstance(zero_stage, bool):
-            raise ValueError(f"zero_stage: expected 0 (replicated optimizer state) or 1 "
-                             f"(sharded over each stage's data-parallel group), got "
-                             f"{zero_stage!r}")
-        if not isinstance(meta_init, bool):
-            raise ValueError(f"meta_init: expected True or False, got {meta_init!r}")
+            fail("encoder_cost", "(a, b) >= 0, not both 0", encoder_cost)
+        one_of("ulysses_backend", ulysses_backend, BACKENDS)
+        one_of("zero_stage", zero_stage, (0, 1), expected="0 (replicated optimizer state) or 1 "
+               "(sharded over each stage's data-parallel group)")
+        boolean("meta_init", meta_init)
+        boolean("lssp", lssp)
+        boolean("reorder", reorder)
         super().__init__(timeout=timeout, **kwargs)
         self.zero_stage = zero_stage
         self.meta_init = meta_init
@@ -108,7 +100,7 @@ class OmniStrategy(DDPStrategy):
         self._built_here = False  # this rank materialized its stage from a meta build
         self._elsewhere: dict[int, tuple[int, ...]] = {}  # shapes of what it never built
         self._meta_layout = None  # the layout fixed before a meta build was materialized
-        self.lssp, self.reorder = bool(lssp), bool(reorder)
+        self.lssp, self.reorder = lssp, reorder
         self.locality_groups = None if locality_groups is None else list(locality_groups)
         self.lssp_max_rows = lssp_max_rows
         self.encoder_cost = (float(encoder_cost[0]), float(encoder_cost[1]))
@@ -427,8 +419,7 @@ class OmniStrategy(DDPStrategy):
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
-        strategy_registry.register("omni", cls, description="MegaScale-Omni encoder-LLM "
-                                   "multiplexing with a pipelined step")
+        strategy_registry.register(_registration.NAME, cls, description=_registration.DESCRIPTION)
 
 
 def _describe(key: tuple) -> str:

@@ -26,6 +26,11 @@ def test_registered_as_omni():
     ({"pipeline_parallel": 0}, "pipeline_parallel: expected an int >= 1"),
     ({"schedule": "zero_bubble"}, "schedule: expected one of"),
     ({"num_microbatches": 0}, "num_microbatches: expected an int >= 1"),
+    # bool is an int to Python, a mistake here (the pool refuses it too)
+    ({"pipeline_parallel": True}, r"^pipeline_parallel: expected an int >= 1, got True$"),
+    ({"data_parallel": False}, r"^data_parallel: expected an int >= 1 or None, got False$"),
+    ({"zero_stage": True}, r"^zero_stage: expected 0 .* or 1 .*, got True$"),
+    ({"lssp": "yes"}, r"^lssp: expected True or False, got 'yes'$"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

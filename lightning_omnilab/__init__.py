@@ -1,0 +1,1 @@
+"""What lightning_omni and lightning_unilab share: small, dependency-free helpers (validators)."""
