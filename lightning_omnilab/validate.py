@@ -44,15 +44,32 @@ def integer(name: str, value: Any, *, minimum: int | None = None, below: int | N
     if below is not None:
         parts.append(f"{'and ' if minimum is not None else ''}below {below}")
     expected = " ".join(parts) + (" or None" if none_ok else "")
-    if isinstance(value, bool):
+    number = _as_int(value)
+    if number is None:
         fail(name, expected, value, ArgumentTypeError)
-    try:
-        number = operator.index(value)
-    except TypeError:
-        fail(name, expected, value, ArgumentTypeError)
-    if (minimum is not None and number < minimum) or (below is not None and number >= below):
+    if not _within(number, minimum, below):
         fail(name, expected, value)
     return number
+
+
+def is_int(value: Any, *, minimum: int | None = None, below: int | None = None) -> bool:
+    """Whether ``integer`` would accept ``value``: for checks over a collection whose message
+    shows the whole collection."""
+    number = _as_int(value)
+    return number is not None and _within(number, minimum, below)
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # int and numpy integers; not floats, not numpy bools
+    except TypeError:
+        return None
+
+
+def _within(number: int, minimum: int | None, below: int | None) -> bool:
+    return (minimum is None or number >= minimum) and (below is None or number < below)
 
 
 def positive_int(name: str, value: Any, *, below: int | None = None,

@@ -15,17 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from lightning_omnilab.validate import positive_int
+from lightning_omnilab.validate import require as _require  # the plan modules' general check
+
 BYTES_BF16 = 2
 TEXT = "text"
 IMAGE = "image"
 AUDIO = "audio"
 MODALITIES = (TEXT, IMAGE, AUDIO)
-
-
-def _require(condition: bool, name: str, expected: str, got: object) -> None:
-    """Raise a ValueError naming the argument, what was expected and what came."""
-    if not condition:
-        raise ValueError(f"{name}: expected {expected}, got {got!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +80,7 @@ class TransformerConfig:
 
     def __post_init__(self) -> None:
         for attr in ("layers", "hidden", "heads", "ffn_hidden"):
-            value = getattr(self, attr)
-            _require(isinstance(value, int) and value > 0, attr, "a positive int", value)
+            positive_int(attr, getattr(self, attr))
         _require(self.hidden % self.heads == 0, "hidden", f"divisible by heads={self.heads}",
                  self.hidden)
 

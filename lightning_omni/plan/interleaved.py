@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lightning_omnilab.validate import positive_int
+
 from .costs import _require
 from .schedule import (
     BUILDERS,
@@ -48,12 +50,9 @@ def check_interleaving(num_stages: int, num_microbatches: int, num_chunks: int,
     """Raise ValueError unless ``num_chunks`` model chunks per rank can run: Megatron-LM's
     interleaved schedule needs at least 2 stages, microbatches in groups of ``num_stages``
     and (with ``layers``) an equal number of layers in every chunk."""
-    _require(isinstance(num_chunks, int) and num_chunks >= 1, "num_chunks", "an int >= 1",
-             num_chunks)
-    _require(isinstance(num_stages, int) and num_stages >= 1, "num_stages", "an int >= 1",
-             num_stages)
-    _require(isinstance(num_microbatches, int) and num_microbatches >= 1, "num_microbatches",
-             "an int >= 1", num_microbatches)
+    positive_int("num_chunks", num_chunks)
+    positive_int("num_stages", num_stages)
+    positive_int("num_microbatches", num_microbatches)
     if num_chunks == 1:
         return
     _require(num_stages >= 2, "num_stages",

@@ -14,6 +14,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lightning_omnilab.validate import positive_int
+
 from .costs import _require
 
 SP = "sp"
@@ -120,8 +122,7 @@ def choose_degree(item: WorkItem, target_seconds: float, memory_cap: float,
 def split_microbatch(items: Sequence[WorkItem], group_size: int, heads: int,
                      memory_cap: float, microbatch: int = 0) -> MicrobatchSplit:
     """LSSP plan of one microbatch (see the module docstring for the rules)."""
-    _require(isinstance(group_size, int) and group_size >= 1, "group_size", "an int >= 1",
-             group_size)
+    positive_int("group_size", group_size)
     _require(heads >= 1, "heads", ">= 1", heads)
     _require(memory_cap > 0, "memory_cap", "> 0", memory_cap)
     degrees = sp_degrees(group_size, heads)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lightning_omnilab.validate import positive_int
+
 from .costs import BYTES_BF16, CostModel, _require
 from .interleaved import build_interleaved, check_interleaving, interleave
 from .lssp import WorkItem, split_microbatch
@@ -517,7 +519,7 @@ def _check_config(system: str, scenario: Scenario, cfg: ParallelConfig) -> None:
              cfg.pp)
     _require(cfg.dp <= scenario.global_batch, "config.dp",
              f"<= global_batch={scenario.global_batch}", cfg.dp)
-    _require(isinstance(cfg.vpp, int) and cfg.vpp >= 1, "config.vpp", "an int >= 1", cfg.vpp)
+    positive_int("config.vpp", cfg.vpp)
     if cfg.vpp > 1:
         _require(scenario.global_batch % cfg.dp == 0, "config.dp",
                  f"a divisor of global_batch={scenario.global_batch} with vpp={cfg.vpp} "

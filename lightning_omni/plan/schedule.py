@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from lightning_omnilab.validate import non_negative_int, positive_int
+
 from .costs import _require
 
 
@@ -140,10 +142,8 @@ class Schedule:
 
 
 def _check_sizes(num_stages: int, num_microbatches: int) -> None:
-    _require(isinstance(num_stages, int) and num_stages >= 1, "num_stages", "an int >= 1",
-             num_stages)
-    _require(isinstance(num_microbatches, int) and num_microbatches >= 1, "num_microbatches",
-             "an int >= 1", num_microbatches)
+    positive_int("num_stages", num_stages)
+    positive_int("num_microbatches", num_microbatches)
 
 
 def one_f_one_b_order(num_stages: int, num_microbatches: int, stage: int) -> list[tuple[str, int]]:
@@ -299,8 +299,7 @@ def assign_encoder_samples(sample_costs: Sequence[Sequence[float]], num_stages: 
     ``(samples, shares)`` for ``uniform_insertion``; a microbatch without encoder work gets
     empty sample tuples and zero shares.
     """
-    _require(isinstance(num_stages, int) and num_stages >= 1, "num_stages", "an int >= 1",
-             num_stages)
+    positive_int("num_stages", num_stages)
     p, n = num_stages, len(sample_costs)
     samples: list[list[tuple[int, ...]]] = []
     shares: list[list[float]] = []
@@ -504,7 +503,7 @@ def with_completion_points(schedule: Schedule, lag: int = 1) -> Schedule:
     """Give every SEND a WAIT: after the sender's next ``lag`` compute actions, or later where
     that would deadlock (a WAIT blocks until the receiver takes the message), at the latest at
     the end of the program. Sends that already have a WAIT keep it."""
-    _require(isinstance(lag, int) and lag >= 0, "lag", "an int >= 0", lag)
+    non_negative_int("lag", lag)
     programs = [list(p) for p in schedule.actions]
     # per rank: index of the action each send's wait goes *before* (len(prog): at the end)
     places: list[dict[tuple, int]] = []

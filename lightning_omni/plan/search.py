@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lightning_omnilab.validate import is_int
+
 from .costs import CostModel, _require
 from .pricing import StepPricer, _stage_layers, predict
 from .scenario import SYSTEMS, ParallelConfig, Prediction, Scenario
@@ -50,7 +52,7 @@ def vpp_choices(scenario: Scenario, pp: int, dp: int, cut: float, grid: Grid) ->
     """The grid's model-chunk counts this layout allows (see ``Grid.vpp``)."""
     out = []
     for v in grid.vpp:
-        _require(isinstance(v, int) and v >= 1, "grid.vpp", "ints >= 1", grid.vpp)
+        _require(is_int(v, minimum=1), "grid.vpp", "ints >= 1", grid.vpp)
         if v == 1:
             out.append(1)
         elif pp > 1 and cut == 1.0 and scenario.llm.layers % (pp * v) == 0 \
