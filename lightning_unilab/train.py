@@ -9,28 +9,110 @@ The recipe has LightningCLI's sections: ``trainer`` (logger, callbacks, max_time
 (:class:`~lightning_unilab.data.RolloutDataModule`). There are no subcommands: the command fits.
 ``--learner_threads`` sets the learner's torch threads (default 1: with one collector thread,
 the two processes use one core each). When the run ends the TensorBoard log directory is printed.
+
+Flags are matched exactly: a typo fails and names the closest flag (argparse would otherwise take
+``--data.num_env`` for ``--data.num_envs``). ``--trainer.default_root_dir`` moves the logger's
+``save_dir`` (the recipes fix it, so it would otherwise be ignored). ``max_time`` is a budget for
+the whole run: a resumed run gets only what remains of it (Lightning's Timer is checkpointed).
 """
 
 from __future__ import annotations
 
+import difflib
 import sys
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, NoReturn
 
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_unilab.appo import APPOModule
 from lightning_unilab.data import RolloutDataModule
 
-__all__ = ["UniLabCLI", "main"]
+__all__ = ["UniLabArgumentParser", "UniLabCLI", "did_you_mean", "main"]
+
+_UNRECOGNIZED = "unrecognized arguments:"
+# LightningCLI's own flags that this CLI leaves out, and what to use instead
+_LEFT_OUT = {
+    "--optimizer": "APPOModule builds its own Adam (actor and critic groups): set --model.lr "
+                   "and --model.critic_lr",
+    "--lr_scheduler": "the actor's lr follows the KL: set --model.adaptive_lr, "
+                      "--model.desired_kl, --model.lr_min, --model.lr_max",
+}
+
+
+def did_you_mean(message: str, options: Iterable[str],
+                 notes: Mapping[str, str] | None = None) -> str:
+    """``message`` (argparse's "unrecognized arguments: ...") with the closest valid flag of
+    each unknown one (or its entry in ``notes``), so that a typo names its fix instead of only
+    the usage wall."""
+    if _UNRECOGNIZED not in message:
+        return message
+    options = [o for o in options if o.startswith("--")]
+    notes = notes or {}
+    hints = []
+    for token in message.split(_UNRECOGNIZED, 1)[1].split():
+        flag = token.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
+        close = difflib.get_close_matches(flag, options, n=1, cutoff=0.7)
+        if flag in notes:
+            hints.append(f"{flag}: not a flag here, {notes[flag]}")
+        elif close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+        else:
+            hints.append(f"{flag}: no such flag (see --help)")
+    return "; ".join([message, *hints])
+
+
+class UniLabArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser without prefix matching, with a did-you-mean for typos."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # else --trainer.max_tim is taken as max_time
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        # argparse keeps its flags only in this mapping (no public accessor)
+        super().error(did_you_mean(message, self._option_string_actions, _LEFT_OUT), ex)
+
+
+def _logger_configs(logger: Any) -> list[Namespace]:
+    if isinstance(logger, Namespace):
+        return [logger]
+    if isinstance(logger, list):
+        return [c for c in logger if isinstance(c, Namespace)]
+    return []
 
 
 class UniLabCLI(LightningCLI):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_class", UniLabArgumentParser)
+        # the policy is built in setup(), so LightningCLI's --optimizer would get no parameters:
+        # APPOModule configures its own two-group Adam
+        kwargs.setdefault("auto_configure_optimizers", False)
+        kwargs.setdefault("parser_kwargs", {"description": __doc__})
+        super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--ckpt_path", type=str | None, default=None,
-                            help="checkpoint to resume from")
+                            help="checkpoint to resume from; max_time counts the time already "
+                                 "trained, so the resumed run gets only what remains of it")
         parser.add_argument("--learner_threads", type=int, default=1,
                             help="torch threads of the learner process")
+
+    def before_instantiate_classes(self) -> None:
+        """``trainer.default_root_dir`` wins over the recipe's logger ``save_dir``: the logs and
+        checkpoints (under the logger's directory) go where the user asked."""
+        trainer = self.config["trainer"]
+        root = trainer.get("default_root_dir")
+        if root is None:
+            return
+        for logger in _logger_configs(trainer.get("logger")):
+            init_args = logger.get("init_args")
+            if init_args is not None and "save_dir" in init_args:
+                init_args["save_dir"] = root
 
 
 def _log_dir(trainer: Any) -> str | None:

@@ -1,6 +1,7 @@
 """unilab-train: the recipe trains, logs, checkpoints, resumes; signals leave nothing behind."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,3 +74,42 @@ def test_sigterm_stops_the_run_and_removes_everything(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# "--learner_threads 0" fails right after parsing: a flag that parses (as a prefix did) fails
+# fast with the wrong error instead of starting a run
+@pytest.mark.parametrize(("typo", "value", "fix"), [
+    ("--data.num_env", "8", "--data.num_envs"),
+    ("--trainer.max_tim", "00:00:00:10", "--trainer.max_time"),
+    ("--optimizer", "Adam", "--model.lr"),
+])
+def test_a_typo_fails_and_names_the_closest_flag(tmp_path, capsys, typo, value, fix):
+    with pytest.raises(SystemExit) as exit_:
+        main(_quick(tmp_path, typo, value, "--learner_threads", "0"))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized arguments: {typo} {value}" in err
+    assert re.search(rf"{re.escape(typo)}: (did you mean|not a flag here)[^;]*{re.escape(fix)}\b",
+                     err), err[-400:]
+
+
+def test_help_lists_only_flags_that_work(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "--trainer.default_root_dir" in out and "--data.num_envs" in out
+    assert "--optimizer" not in out and "--lr_scheduler" not in out
+    assert "what remains" in " ".join(out.split())  # a resumed run's max_time
+
+
+def test_default_root_dir_moves_the_logs_and_checkpoints(tmp_path):
+    from lightning_unilab.appo import APPOModule
+    from lightning_unilab.data import RolloutDataModule
+    from lightning_unilab.train import UniLabCLI
+
+    root = tmp_path / "root"
+    cli = UniLabCLI(APPOModule, RolloutDataModule, run=False,
+                    args=["--config", RECIPE, "--trainer.default_root_dir", str(root)])
+    assert Path(cli.trainer.logger.log_dir).parent.parent == root
+    assert Path(cli.trainer.log_dir).is_relative_to(root)  # ModelCheckpoint writes under it
