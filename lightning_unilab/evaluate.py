@@ -16,11 +16,13 @@ actor deterministically for one episode of one env of the data module's task and
 
 Rendering needs ``MUJOCO_GL`` chosen before mujoco is imported, which the training process has
 already done (usually without a headless backend), so frames are drawn in a fresh interpreter
-(``python -m lightning_unilab.evaluate render ...``) trying ``$MUJOCO_GL``, then EGL, then
-OSMesa; if none works the reason is recorded in ``episode.json`` and only the plot is written.
+(``python -c``) trying ``$MUJOCO_GL``, then EGL, then OSMesa; if none works the reason is
+recorded in ``episode.json`` and only the plot is written.
 
-``python -m lightning_unilab.evaluate checkpoint CKPT --task T --out DIR`` does the same for a
-saved checkpoint.
+``python -m lightning_unilab.evaluate checkpoint CKPT --out DIR`` does the same for a saved
+checkpoint: the task, its ``task_kwargs`` and the recipe's evaluation settings (``task_params``,
+``max_steps``, ``seed``) come from the checkpoint, so it replays the end-of-training evaluation.
+``--task`` is only needed for a checkpoint that does not name its task.
 """
 
 from __future__ import annotations
@@ -40,13 +42,19 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-__all__ = ["Episode", "EvaluationRollout", "plot_episode", "render_episode", "run_episode"]
+__all__ = ["CheckpointEvaluation", "Episode", "EvaluationRollout", "TaskMismatchError",
+           "checkpoint_evaluation", "evaluation_task_kwargs", "plot_episode", "render_episode",
+           "run_episode"]
 
 _BACKENDS = ("egl", "osmesa")
 
 # g1-walk-flat layout (docs/unilab/tasks.md): actor obs, then the critic's extra fields
 _G1_GYRO, _G1_GRAVITY, _G1_COMMAND = slice(0, 3), slice(3, 6), slice(93, 96)
 _G1_LINVEL, _G1_HEIGHT = slice(98, 101), 101
+
+
+class TaskMismatchError(ValueError):
+    """The task asked for is not the one the policy was trained on."""
 
 
 @dataclass
@@ -117,6 +125,7 @@ def run_episode(policy: torch.nn.Module, task: str, task_kwargs: Mapping[str, An
     env = TaskVectorEnv(task, 1, 1, seed=seed, **kwargs)
     try:
         spec = env.spec
+        _check_sizes(policy, task, spec.obs_size, spec.action_size)
         limit = spec.max_episode_steps if spec.max_episode_steps > 0 else 1000
         steps = limit if max_steps is None else min(int(max_steps), limit)
         if steps < 1:
@@ -159,6 +168,28 @@ def run_episode(policy: torch.nn.Module, task: str, task_kwargs: Mapping[str, An
         return episode
     finally:
         env.close()
+
+
+def _check_sizes(policy: torch.nn.Module, task: str, obs_size: int, action_size: int) -> None:
+    """A policy of another task fails here, naming both, not later as a tensor-size error."""
+    want = (getattr(policy, "obs_size", obs_size), getattr(policy, "action_size", action_size))
+    if want != (obs_size, action_size):
+        raise TaskMismatchError(
+            f"task: the policy expects observations of size {want[0]} and actions of size "
+            f"{want[1]}, but task {task!r} has {obs_size} and {action_size}; evaluate it on "
+            "the task it was trained on")
+
+
+def evaluation_task_kwargs(task_kwargs: Mapping[str, Any] | None, randomize: bool,
+                           task_params: Mapping[str, float] | None) -> dict[str, Any]:
+    """The training env's keywords for the evaluation env: randomization dropped unless
+    ``randomize``, ``task_params`` over the training ``params``."""
+    kwargs = dict(task_kwargs or {})
+    if not randomize:
+        kwargs.pop("randomization", None)
+    if task_params:
+        kwargs["params"] = {**dict(kwargs.get("params") or {}), **task_params}
+    return kwargs
 
 
 def _series(env: Any, obs: np.ndarray, critic: np.ndarray | None,
@@ -339,6 +370,12 @@ class EvaluationRollout(pl.Callback):
         self.task_params = dict(task_params or {})
         self.summary: dict[str, Any] | None = None
 
+    def state_dict(self) -> dict[str, Any]:
+        """The evaluation's settings, saved in checkpoints so that ``evaluate checkpoint``
+        replays this evaluation (nothing is restored on resume: the recipe's settings hold)."""
+        return {"max_steps": self.max_steps, "seed": self.seed, "randomize": self.randomize,
+                "task_params": dict(self.task_params)}
+
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_rank != 0:
             return
@@ -348,11 +385,7 @@ class EvaluationRollout(pl.Callback):
         if config is None or policy is None:
             raise RuntimeError("EvaluationRollout: needs a RolloutDataModule (its task) and a "
                                "module with a `policy` (an ActorCritic)")
-        kwargs = dict(config.task_kwargs)
-        if not self.randomize:
-            kwargs.pop("randomization", None)
-        if self.task_params:
-            kwargs["params"] = {**dict(kwargs.get("params") or {}), **self.task_params}
+        kwargs = evaluation_task_kwargs(config.task_kwargs, self.randomize, self.task_params)
         out = Path(self.out_dir) if self.out_dir else Path(trainer.log_dir or
                                                            trainer.default_root_dir) / "evaluation"
         import copy
@@ -380,21 +413,48 @@ class EvaluationRollout(pl.Callback):
         print(msg, flush=True)
 
 
-def _main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    ck = sub.add_parser("checkpoint", help="evaluate a saved APPOModule checkpoint")
-    ck.add_argument("ckpt")
-    ck.add_argument("--task", required=True)
-    ck.add_argument("--out", required=True)
-    ck.add_argument("--max-steps", type=int, default=None)
-    ck.add_argument("--seed", type=int, default=0)
-    ck.add_argument("--no-video", action="store_true")
-    ck.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                    help="a task parameter for the evaluation env, e.g. resample_steps=250")
-    args = parser.parse_args(argv)
+@dataclass
+class CheckpointEvaluation:
+    """What a checkpoint says about evaluating its policy: the task, the evaluation env's
+    keywords and the episode (as the recipe's EvaluationRollout had them)."""
+
+    task: str
+    task_kwargs: dict[str, Any]
+    max_steps: int | None
+    seed: int
+
+
+def checkpoint_evaluation(checkpoint: Mapping[str, Any], task: str | None = None,
+                          params: Mapping[str, float] | None = None,
+                          max_steps: int | None = None,
+                          seed: int | None = None) -> CheckpointEvaluation:
+    """The task and task_kwargs the checkpoint was trained on (the RolloutDataModule's saved
+    hyperparameters), with the end-of-training evaluation's settings (EvaluationRollout's
+    state), so that a checkpoint is evaluated as training evaluated it. Explicit arguments win,
+    except a ``task`` that disagrees with the checkpoint's, which is refused."""
+    data = checkpoint.get("datamodule_hyper_parameters") or {}
+    saved = data.get("task")
+    if saved is not None and task is not None and task != saved:
+        raise TaskMismatchError(f"--task: the checkpoint was trained on {saved!r}, got {task!r}; "
+                                f"drop --task to evaluate on {saved!r}")
+    if saved is None and task is None:
+        raise TaskMismatchError("--task: the checkpoint does not name its task (no "
+                                "RolloutDataModule hyperparameters in it); pass --task")
+    settings = (checkpoint.get("callbacks") or {}).get(EvaluationRollout.__qualname__) or {}
+    kwargs = dict(data.get("task_kwargs") or {})
+    if data.get("randomization") is not None:
+        kwargs["randomization"] = data["randomization"]
+    task_params = {**(settings.get("task_params") or {}), **(params or {})}
+    kwargs = evaluation_task_kwargs(kwargs, bool(settings.get("randomize", False)), task_params)
+    return CheckpointEvaluation(
+        task=task or saved, task_kwargs=kwargs,
+        max_steps=max_steps if max_steps is not None else settings.get("max_steps"),
+        seed=seed if seed is not None else int(settings.get("seed", 0)))
+
+
+def _params(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str, float]:
     params: dict[str, float] = {}
-    for item in args.param:
+    for item in items:
         name, sep, value = item.partition("=")
         try:
             params[name] = float(value)
@@ -402,12 +462,48 @@ def _main(argv: Sequence[str] | None = None) -> None:
             sep = ""
         if not sep or not name:
             parser.error(f"--param: expected NAME=NUMBER, got {item!r}")
+    return params
+
+
+def _main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    ck = sub.add_parser("checkpoint", allow_abbrev=False,
+                        help="evaluate a saved APPOModule checkpoint on the task it was trained "
+                             "on, as the end-of-training evaluation did")
+    ck.add_argument("ckpt")
+    ck.add_argument("--task", default=None,
+                    help="only for a checkpoint that does not name its task (default: the "
+                         "checkpoint's task; another one is refused)")
+    ck.add_argument("--out", required=True)
+    ck.add_argument("--max-steps", type=int, default=None,
+                    help="episode cap (default: the recipe's EvaluationRollout, else the task's "
+                         "time limit)")
+    ck.add_argument("--seed", type=int, default=None,
+                    help="start-state seed (default: the recipe's EvaluationRollout, else 0)")
+    ck.add_argument("--no-video", action="store_true")
+    ck.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="a task parameter for the evaluation env over the checkpoint's, e.g. "
+                         "resample_steps=250")
+    args, unknown = parser.parse_known_args(argv)
+    from lightning_unilab.train import did_you_mean
+
+    if unknown:  # argparse's own message would not name the closest flag
+        ck.error(did_you_mean(f"unrecognized arguments: {' '.join(unknown)}",
+                              ck._option_string_actions))
+    params = _params(ck, args.param)
     from lightning_unilab.appo import APPOModule
 
-    module = APPOModule.load_from_checkpoint(args.ckpt, map_location="cpu")
-    summary = evaluate_policy(module.policy, args.task, args.out,
-                              {"params": params} if params else None, seed=args.seed,
-                              max_steps=args.max_steps, video=not args.no_video)
+    # our own checkpoint: it pickles the data module's arguments (a Randomization object)
+    checkpoint = torch.load(args.ckpt, map_location="cpu", weights_only=False)
+    module = APPOModule.load_from_checkpoint(args.ckpt, map_location="cpu", weights_only=False)
+    try:
+        run = checkpoint_evaluation(checkpoint, args.task, params, args.max_steps, args.seed)
+        summary = evaluate_policy(module.policy, run.task, args.out, run.task_kwargs,
+                                  seed=run.seed, max_steps=run.max_steps,
+                                  video=not args.no_video)
+    except TaskMismatchError as e:
+        ck.error(str(e))
     print(json.dumps({k: summary[k] for k in ("return", "length", "tracking", "plot", "video")}))
 
 

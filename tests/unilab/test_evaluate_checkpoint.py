@@ -1,0 +1,84 @@
+"""`python -m lightning_unilab.evaluate checkpoint CKPT` replays the end-of-training evaluation:
+task, task_kwargs and the evaluation's settings come from the checkpoint; another task is
+refused by name, not by a tensor-size error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_unilab.evaluate import EvaluationRollout, _main, run_episode
+
+RECIPE = str(Path(__file__).parents[2] / "recipes" / "unilab" / "inverted_pendulum.yaml")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One update of the pendulum recipe with a non-default task parameter, its evaluation
+    summary and its last checkpoint."""
+    from lightning_unilab.train import main
+
+    tmp = tmp_path_factory.mktemp("run")
+    threads = torch.get_num_threads()
+    try:
+        cli = main(["--config", RECIPE, "--trainer.logger.init_args.save_dir", str(tmp),
+                    "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "20",
+                    "--data.num_envs", "4", "--data.horizon", "8",
+                    "--data.task_kwargs", "{params: {reset_noise_scale: 0.15}}",
+                    "--trainer.callbacks.init_args.video", "false",
+                    "--trainer.callbacks.init_args.seed", "3"])
+    finally:
+        torch.set_num_threads(threads)
+    rollout = next(c for c in cli.trainer.callbacks if isinstance(c, EvaluationRollout))
+    return rollout.summary, Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt"
+
+
+def test_checkpoint_is_evaluated_on_its_task_as_training_did(trained, tmp_path, capsys):
+    summary, ckpt = trained
+    _main(["checkpoint", str(ckpt), "--out", str(tmp_path), "--no-video"])
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    replay = json.loads((tmp_path / "episode.json").read_text())
+    assert replay["task"] == "InvertedPendulum-v5"
+    # same task parameters, seed and cap: the same episode as at the end of training
+    assert (printed["return"], printed["length"]) == (summary["return"], summary["length"])
+    assert replay["rewards"] == summary["rewards"]
+
+
+def test_a_task_other_than_the_checkpoints_is_refused(trained, tmp_path, capsys):
+    _, ckpt = trained
+    with pytest.raises(SystemExit) as exit_:
+        _main(["checkpoint", str(ckpt), "--task", "Ant-v5", "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--task: the checkpoint was trained on 'InvertedPendulum-v5', got 'Ant-v5'" in err
+
+
+def test_a_policy_of_another_size_is_refused_naming_both():
+    from lightning_unilab.policy import ActorCritic
+
+    with pytest.raises(ValueError, match=r"task: the policy expects observations of size 4 "
+                                         r"and actions of size 1, but task 'Ant-v5' has "
+                                         r"\d+ and 8"):
+        run_episode(ActorCritic(4, 4, 1), "Ant-v5", max_steps=2)
+
+
+def test_checkpoint_settings_with_explicit_overrides():
+    from lightning_unilab.evaluate import checkpoint_evaluation
+
+    checkpoint = {
+        "datamodule_hyper_parameters": {
+            "task": "g1-walk-flat", "randomization": object(),
+            "task_kwargs": {"params": {"w_alive": 1.0, "resample_steps": 50.0}}},
+        "callbacks": {"EvaluationRollout": EvaluationRollout(
+            max_steps=9, seed=2, task_params={"resample_steps": 250}).state_dict()},
+    }
+    run = checkpoint_evaluation(checkpoint, params={"w_alive": 2.0})
+    assert run.task == "g1-walk-flat" and (run.max_steps, run.seed) == (9, 2)
+    # randomization off (as EvaluationRollout's default), the callback's params over training's
+    assert run.task_kwargs == {"params": {"w_alive": 2.0, "resample_steps": 250}}
+    assert checkpoint_evaluation(checkpoint, "g1-walk-flat", max_steps=3, seed=0).max_steps == 3
+    with pytest.raises(ValueError, match="--task: the checkpoint does not name its task"):
+        checkpoint_evaluation({})
