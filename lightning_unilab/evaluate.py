@@ -339,6 +339,13 @@ def evaluate_policy(policy: torch.nn.Module, task: str, out_dir: str | os.PathLi
     return summary
 
 
+def _last_logged_step(trainer: pl.Trainer) -> int:
+    """The logger step of the last training batch, where the training curves end: Lightning
+    logs batch k at step k (not at ``global_step``, which counts optimizer steps, epochs x
+    minibatches per APPO update); the batch count survives a resume."""
+    return max(int(trainer.fit_loop.epoch_loop.batch_progress.total.completed) - 1, 0)
+
+
 class EvaluationRollout(pl.Callback):
     """After fit: one deterministic episode of the trained policy, plotted and (GL) rendered.
 
@@ -407,8 +414,9 @@ class EvaluationRollout(pl.Callback):
         if tracking:
             metrics["eval/lin_vel_error"] = tracking["lin_vel_error_mps"]
             metrics["eval/yaw_rate_error"] = tracking["yaw_rate_error_radps"]
+        step = _last_logged_step(trainer)
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+            logger.log_metrics(metrics, step=step)
             logger.finalize("success")  # fit already closed the loggers: flush these too
         print(msg, flush=True)
 

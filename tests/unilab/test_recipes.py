@@ -15,7 +15,7 @@ import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES = ("half_cheetah", "ant", "humanoid", "g1_walk_flat")
+RECIPES = ("inverted_pendulum", "half_cheetah", "ant", "humanoid", "g1_walk_flat")
 
 
 def _tiny(recipe: str, tmp_path: Path, video: bool) -> Path:
@@ -41,7 +41,8 @@ def test_recipe_trains_two_rollouts_and_evaluates(recipe: str, tmp_path: Path) -
     threads = torch.get_num_threads()
     try:
         cli = main(["--config", str(_tiny(recipe, tmp_path, video=recipe == "half_cheetah")),
-                    "--trainer.limit_train_batches=2", "--trainer.max_time=00:00:02:00"])
+                    "--trainer.limit_train_batches=2", "--trainer.max_epochs=1",
+                    "--trainer.max_time=00:00:02:00"])
     finally:
         torch.set_num_threads(threads)
     module, trainer = cli.model, cli.trainer
@@ -51,11 +52,17 @@ def test_recipe_trains_two_rollouts_and_evaluates(recipe: str, tmp_path: Path) -
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tags: set[str] = set()
+    steps: dict[str, list[int]] = {}
     for events in log_dir.glob("events.out.tfevents.*"):
         acc = EventAccumulator(str(events))
         acc.Reload()
         tags |= set(acc.Tags()["scalars"])
+        for tag in ("learner/policy_version", "eval/return"):
+            if tag in acc.Tags()["scalars"]:
+                steps.setdefault(tag, []).extend(e.step for e in acc.Scalars(tag))
     assert {"rollout/env_steps", "learner/policy_version", "eval/return"} <= tags
+    # the evaluation sits where the training curves end (the update index, not optimizer steps)
+    assert steps["eval/return"] == [max(steps["learner/policy_version"])] == [1]
     # the task's reward terms, as means per step of each rollout, reach TensorBoard
     info_names = module._datamodule().rollout_spec.info_names
     assert info_names and {f"step_info/{name}" for name in info_names} <= tags
