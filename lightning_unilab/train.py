@@ -19,6 +19,7 @@ the whole run: a resumed run gets only what remains of it (Lightning's Timer is 
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn
@@ -42,20 +43,27 @@ _LEFT_OUT = {
 }
 
 
+# jsonargparse's message for an unknown key in a config file or a group's value
+_GROUP_KEY = re.compile(r"Group '([\w.]+)' does not accept option '(\w+)'")
+
+
+def _unknown_flags(message: str) -> list[str]:
+    if _UNRECOGNIZED in message:
+        tokens = message.split(_UNRECOGNIZED, 1)[1].split()
+        return [t.split("=", 1)[0] for t in tokens if t.startswith("--")]
+    return [f"--{group}.{key}" for group, key in _GROUP_KEY.findall(message)]
+
+
 def did_you_mean(message: str, options: Iterable[str],
                  notes: Mapping[str, str] | None = None) -> str:
-    """``message`` (argparse's "unrecognized arguments: ...") with the closest valid flag of
-    each unknown one (or its entry in ``notes``), so that a typo names its fix instead of only
-    the usage wall."""
-    if _UNRECOGNIZED not in message:
-        return message
+    """``message`` (argparse's "unrecognized arguments: ...", or jsonargparse's unknown key of a
+    config) with the closest valid flag of each unknown one (or its entry in ``notes``), so
+    that a typo names its fix instead of only the usage wall."""
+    flags = _unknown_flags(message)
     options = [o for o in options if o.startswith("--")]
     notes = notes or {}
     hints = []
-    for token in message.split(_UNRECOGNIZED, 1)[1].split():
-        flag = token.split("=", 1)[0]
-        if not flag.startswith("--"):
-            continue
+    for flag in flags:
         close = difflib.get_close_matches(flag, options, n=1, cutoff=0.7)
         if flag in notes:
             hints.append(f"{flag}: not a flag here, {notes[flag]}")

@@ -93,6 +93,15 @@ def test_a_typo_fails_and_names_the_closest_flag(tmp_path, capsys, typo, value, 
                      err), err[-400:]
 
 
+def test_a_typo_in_a_config_file_names_the_closest_key(tmp_path, capsys):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("data:\n  num_env: 8\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--config", RECIPE, "--config", str(typo), "--learner_threads", "0"])
+    assert exit_.value.code == 2
+    assert "--data.num_env: did you mean --data.num_envs?" in capsys.readouterr().err
+
+
 def test_help_lists_only_flags_that_work(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])
