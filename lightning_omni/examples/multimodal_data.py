@@ -42,9 +42,8 @@ RGB = torch.tensor([[0.9, 0.1, 0.1], [0.1, 0.8, 0.2], [0.15, 0.25, 0.95], [0.95,
 MODALITIES = ("image", "text", "audio")
 
 
-def make_image(g: torch.Generator) -> tuple[Tensor, list[str]]:
-    """Patch rows ``[patches, IMAGE_DIM]`` of a generated image, and its caption."""
-    res = RESOLUTIONS[int(torch.randint(len(RESOLUTIONS), (1,), generator=g))]
+def draw_shape(g: torch.Generator, res: int) -> tuple[Tensor, list[str]]:
+    """A ``[3, res, res]`` image of a coloured shape on a noisy background, and its caption."""
     colour, shape, size = (int(torch.randint(n, (1,), generator=g))
                            for n in (len(COLOURS), len(SHAPES), len(SIZES)))
     ax = (torch.arange(res) + 0.5) / res * 2 - 1
@@ -60,12 +59,19 @@ def make_image(g: torch.Generator) -> tuple[Tensor, list[str]]:
     ][shape]
     img = 0.1 * torch.rand(3, res, res, generator=g)
     img = torch.where(mask, RGB[colour][:, None, None].expand(3, res, res), img)
+    return img, [COLOURS[colour], SHAPES[shape], SIZES[size]]
+
+
+def make_image(g: torch.Generator) -> tuple[Tensor, list[str]]:
+    """Patch rows ``[patches, IMAGE_DIM]`` of a generated image, and its caption."""
+    res = RESOLUTIONS[int(torch.randint(len(RESOLUTIONS), (1,), generator=g))]
+    img, words = draw_shape(g, res)
     n = res // PATCH
     patches = img.reshape(3, n, PATCH, n, PATCH).permute(1, 3, 0, 2, 4).reshape(n * n, -1)
     rows = torch.arange(n).repeat_interleave(n).float() / n
     cols = torch.arange(n).repeat(n).float() / n
     feats = torch.cat([patches, rows[:, None], cols[:, None]], dim=1)
-    return feats, [COLOURS[colour], SHAPES[shape], SIZES[size]]
+    return feats, words
 
 
 def make_audio(g: torch.Generator) -> tuple[Tensor, list[str]]:

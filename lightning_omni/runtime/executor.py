@@ -478,11 +478,17 @@ class StageExecutor:
         if len(group) <= 1 or not params:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        # one more element per parameter counts the holders that had a gradient: a parameter
+        # no holder used keeps ``grad=None`` as in the plain run (a zero gradient would still
+        # move it under weight decay and Adam's moments)
+        had = torch.tensor([float(p.grad is not None) for p in params], dtype=grads[0].dtype,
+                           device=grads[0].device)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [had])
         with communicating(f"{what} over ranks {tuple(group)}", self.timeout):
             dist.all_reduce(flat, group=self.groups[tuple(group)])
         offset = 0
-        for p in params:
+        used = flat[-len(params):].tolist()
+        for p, holders in zip(params, used, strict=True):
             n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
+            p.grad = flat[offset:offset + n].view_as(p).clone() if holders else None
             offset += n

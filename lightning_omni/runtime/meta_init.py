@@ -35,12 +35,14 @@ from torch.utils._pytree import tree_flatten, tree_map
 _NO_VALUES = {"dim", "size", "numel", "stride", "storage_offset", "is_contiguous", "__get__",
               "__set__", "_has_compatible_shallow_copy_type",
               "__len__", "element_size", "_set_grad_enabled", "__repr__", "__format__",
-              "requires_grad_", "__setstate__", "is_floating_point", "is_complex"}
+              "requires_grad_", "__setstate__", "is_floating_point", "is_complex",
+              "untyped_storage", "data_ptr", "nbytes", "itemsize", "get_device"}
 
 
 # calls that draw from the RNG: replayed even for a parameter hosted elsewhere
 _RANDOM = {"uniform_", "normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
-           "xavier_normal_", "trunc_normal_", "orthogonal_", "sparse_", "random_",
+           "xavier_normal_", "trunc_normal_", "_no_grad_trunc_normal_", "orthogonal_", "sparse_",
+           "random_",
            "bernoulli_", "exponential_", "geometric_", "log_normal_", "cauchy_", "randn",
            "rand", "randint", "randperm", "normal", "bernoulli", "multinomial", "rand_like",
            "randn_like", "randint_like", "dropout"}
@@ -127,8 +129,22 @@ class InitRecording:
 
 
 # torch.nn.init functions that return at once for a meta tensor (no torch call to see):
-# wrapped while recording, replayed whole (trunc_normal_ draws until its samples fit)
-_SKIP_META = ("trunc_normal_", "orthogonal_", "sparse_", "dirac_")
+# wrapped while recording, replayed whole (a truncated normal draws until its samples fit).
+# The truncated normal is caught in the private function every caller of ``trunc_normal_``
+# reaches, however it was imported; the others where ``nn.init`` and ``transformers`` (which
+# keeps its own references) look them up.
+_SKIP_META = ("_no_grad_trunc_normal_", "orthogonal_", "sparse_", "dirac_")
+
+
+def _init_tables() -> list[dict[str, Any]]:
+    """The namespaces initializers are looked up in while a model is built."""
+    import sys
+
+    tables = [vars(nn.init)]
+    hf = sys.modules.get("transformers.initialization")
+    if hf is not None and isinstance(getattr(hf, "TORCH_INIT_FUNCTIONS", None), dict):
+        tables.append(hf.TORCH_INIT_FUNCTIONS)
+    return tables
 
 
 class RecordInit(TorchFunctionMode):
@@ -137,17 +153,21 @@ class RecordInit(TorchFunctionMode):
     def __init__(self, recording: InitRecording) -> None:
         super().__init__()
         self.recording = recording
-        self._originals: dict[str, Any] = {}
+        self._originals: list[tuple[dict[str, Any], str, Any]] = []
 
     def __enter__(self):
-        for name in _SKIP_META:
-            self._originals[name] = original = getattr(nn.init, name)
-            setattr(nn.init, name, self._recorded(original))
+        for table in _init_tables():
+            for name in _SKIP_META:
+                if name in table:
+                    original = table[name]
+                    self._originals.append((table, name, original))
+                    table[name] = self._recorded(original)
         return super().__enter__()
 
     def __exit__(self, *exc):
-        for name, original in self._originals.items():
-            setattr(nn.init, name, original)
+        for table, name, original in reversed(self._originals):
+            table[name] = original
+        self._originals.clear()
         return super().__exit__(*exc)
 
     def _recorded(self, original):
@@ -234,7 +254,7 @@ def _check_written(module: nn.Module, recording: InitRecording, skipped: set[int
             raise MetaInitError(f"{name}: allocated on the meta device but never initialized "
                                 "by a call OmniStrategy could record (an initializer that "
                                 "skips meta tensors, such as a directly imported "
-                                "torch.nn.init.trunc_normal_?); call it as nn.init.<name> or "
+                                "torch.nn.init.orthogonal_?); call it as nn.init.<name> or "
                                 "initialize the parameter with in-place tensor operations")
 
 

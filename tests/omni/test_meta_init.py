@@ -48,7 +48,8 @@ def _meta_build(seed: int) -> tuple[Net, InitRecording]:
     return net, rec
 
 
-@pytest.mark.parametrize("elsewhere", [[], ["blocks.0", "blocks.2"], ["embed", "blocks.1"],
+@pytest.mark.parametrize("elsewhere", [[], ["blocks.0", "blocks.2", "cls"],
+                                       ["embed", "blocks.1"],
                                        ["blocks.0", "blocks.1", "blocks.2", "scale"]])
 def test_hosted_parameters_equal_the_plain_build(elsewhere, monkeypatch):
     # uniform draws for parameters hosted elsewhere go in chunks: make them several
@@ -105,12 +106,37 @@ def test_a_hosted_tensor_computed_from_one_hosted_elsewhere_gets_its_plain_value
 
 
 def test_an_initializer_the_recording_cannot_see_is_refused():
-    from torch.nn.init import trunc_normal_ as direct  # bound before recording starts
+    from torch.nn.init import orthogonal_ as direct  # bound before recording starts
 
     rec = InitRecording()
     with torch.device("meta"), RecordInit(rec):
         net = nn.Module()
         net.w = nn.Parameter(torch.empty(4, 4))
-        direct(net.w, std=0.02)  # returns at once for a meta tensor: nothing recorded
+        direct(net.w)  # returns at once for a meta tensor: nothing recorded
     with pytest.raises(MetaInitError, match="w: allocated on the meta device but never"):
         materialize(net, rec, [], torch.device("cpu"))
+
+
+def test_a_directly_imported_truncated_normal_is_replayed():
+    """``transformers`` and timm keep their own reference to ``trunc_normal_``: the draw is
+    still seen (it would otherwise leave the zeros written before it)."""
+    from torch.nn.init import trunc_normal_ as direct
+
+    def build() -> nn.Module:
+        net = nn.Module()
+        net.w = nn.Parameter(torch.zeros(5, 3))
+        direct(net.w, std=0.02)
+        net.b = nn.Parameter(torch.randn(3))  # the draw after it lands where the plain one did
+        return net
+
+    torch.manual_seed(7)
+    plain = build()
+    torch.manual_seed(7)
+    rec = InitRecording()
+    capture_rng(rec, torch.device("cpu"))
+    with torch.device("meta"), RecordInit(rec):
+        net = build()
+    materialize(net, rec, [], torch.device("cpu"))
+    assert net.w.abs().sum() > 0
+    torch.testing.assert_close(net.w, plain.w, rtol=0, atol=0)
+    torch.testing.assert_close(net.b, plain.b, rtol=0, atol=0)
