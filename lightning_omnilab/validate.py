@@ -34,8 +34,9 @@ def require(condition: bool, name: str, expected: str, got: object) -> None:
 
 
 def integer(name: str, value: Any, *, minimum: int | None = None, below: int | None = None,
-            none_ok: bool = False) -> Any:
-    """An int (or numpy integer, returned as ``int``), never a bool, in ``[minimum, below)``."""
+            none_ok: bool = False, why: str | None = None) -> Any:
+    """An int (or numpy integer, returned as ``int``), never a bool, in ``[minimum, below)``;
+    ``why`` explains the bound in the message."""
     if value is None and none_ok:
         return None
     parts = ["an int"]
@@ -43,7 +44,7 @@ def integer(name: str, value: Any, *, minimum: int | None = None, below: int | N
         parts.append(f">= {minimum}")
     if below is not None:
         parts.append(f"{'and ' if minimum is not None else ''}below {below}")
-    expected = " ".join(parts) + (" or None" if none_ok else "")
+    expected = " ".join(parts) + (f" ({why})" if why else "") + (" or None" if none_ok else "")
     number = _as_int(value)
     if number is None:
         fail(name, expected, value, ArgumentTypeError)
@@ -72,15 +73,16 @@ def _within(number: int, minimum: int | None, below: int | None) -> bool:
     return (minimum is None or number >= minimum) and (below is None or number < below)
 
 
-def positive_int(name: str, value: Any, *, below: int | None = None,
-                 none_ok: bool = False) -> Any:
+def positive_int(name: str, value: Any, *, below: int | None = None, none_ok: bool = False,
+                 why: str | None = None) -> Any:
     """An int >= 1 (a count: stages, microbatches, envs, threads)."""
-    return integer(name, value, minimum=1, below=below, none_ok=none_ok)
+    return integer(name, value, minimum=1, below=below, none_ok=none_ok, why=why)
 
 
-def non_negative_int(name: str, value: Any, *, none_ok: bool = False) -> Any:
+def non_negative_int(name: str, value: Any, *, none_ok: bool = False,
+                     why: str | None = None) -> Any:
     """An int >= 0 (a seed, a lag, an optional count where 0 means "off")."""
-    return integer(name, value, minimum=0, none_ok=none_ok)
+    return integer(name, value, minimum=0, none_ok=none_ok, why=why)
 
 
 def number(name: str, value: Any, *, low: float | None = None, high: float | None = None,

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_omnilab.validate import is_int, one_of, positive_int
 from lightning_unilab.ring import Ring, RingHandle
 from lightning_unilab.rollout import RolloutSpec, RolloutState, collect
 from lightning_unilab.shm import unlink_name
@@ -73,16 +74,13 @@ class CollectorConfig:
     counters: Mapping[str, Any] | None = None  # RolloutState counters to resume from
 
     def check(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode: expected one of {MODES}, got {self.mode!r}")
+        one_of("mode", self.mode, MODES)
         cpus = available_cpus()
-        if not isinstance(self.threads, int) or self.threads < 1 or self.threads > cpus:
+        if not is_int(self.threads, minimum=1, below=cpus + 1):
             raise ValueError(f"collector threads: expected 1..{cpus} (the CPUs this process may "
                              f"use), got {self.threads!r}; lower the collector's threads")
         for name in ("num_envs", "horizon"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+            positive_int(name, getattr(self, name))
         bad = {"num_threads", "autoreset", "seed", "copy"} & set(self.task_kwargs)
         if bad:
             raise ValueError(f"task_kwargs: {sorted(bad)} are set by the collector; use its "

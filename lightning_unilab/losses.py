@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightning_omnilab.validate import positive_number
+
 __all__ = [
     "MAX_LOG_RATIO",
     "RATIO_FORMS",
@@ -62,8 +64,7 @@ def policy_ratio(
 def off_policy_weights(target_logp: Tensor, behaviour_logp: Tensor, rho_bar: float) -> Tensor:
     """min(rho_bar, pi_prox / mu): the truncated importance weight of the decoupled surrogate,
     the same truncation V-trace applies to its policy-gradient term (IMPALA, eq. 4)."""
-    if rho_bar <= 0:
-        raise ValueError(f"rho_bar: expected a positive clip, got {rho_bar}")
+    positive_number("rho_bar", rho_bar)
     return _safe_exp(target_logp - behaviour_logp).clamp(max=rho_bar)
 
 
@@ -71,8 +72,7 @@ def ppo_surrogate(ratio: Tensor, advantages: Tensor, clip: float,
                   weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(loss, clipped fraction): -mean(w min(r A, clip(r, 1-eps, 1+eps) A)) and the share of
     samples whose ratio left [1-eps, 1+eps]; ``weights`` w (no gradient) default to 1."""
-    if clip <= 0:
-        raise ValueError(f"clip: expected a positive clip ratio, got {clip}")
+    positive_number("clip", clip)
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * advantages
     surrogate = torch.minimum(unclipped, clipped)
@@ -94,8 +94,7 @@ def clipped_value_loss(
     err = (values - targets).square()
     if clip is None:
         return err.mean()
-    if clip <= 0:
-        raise ValueError(f"clip: expected a positive value clip or None, got {clip}")
+    positive_number("clip", clip)
     moved = old_values + (values - old_values).clamp(-clip, clip)
     return torch.maximum(err, (moved - targets).square()).mean()
 

@@ -13,6 +13,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Normal
 
+from lightning_omnilab.validate import positive_int
+
 __all__ = ["ActorCritic", "ObsNormalizer", "RunningMoments", "ValueNormalizer", "mlp"]
 
 _ACTIVATIONS = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
@@ -143,8 +145,7 @@ class ActorCritic(nn.Module):
         super().__init__()
         for name, value in (("obs_size", obs_size), ("critic_size", critic_size),
                             ("action_size", action_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+            positive_int(name, value)
         self.obs_size, self.critic_size, self.action_size = obs_size, critic_size, action_size
         self.normalize_obs = normalize_obs
         self.obs_normalizer = ObsNormalizer(obs_size)

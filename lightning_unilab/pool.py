@@ -28,6 +28,7 @@ import mujoco
 import numpy as np
 from mujoco import batch as mjbatch
 
+from lightning_omnilab.validate import positive_int
 from lightning_unilab import _core
 
 __all__ = ["BatchEnvPool", "STATUS_ERROR", "broadcast_real", "describe_status", "load_model"]
@@ -98,10 +99,7 @@ def describe_status(bits: int) -> list[str]:
 
 
 def _check_count(name: str, value: Any) -> None:
-    # bool is an int in Python; the C++ side takes a 32-bit int
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not (
-            1 <= value < 2**31):
-        raise ValueError(f"{name}: expected a positive integer below 2**31, got {value!r}")
+    positive_int(name, value, below=2**31, why="the C++ side takes a 32-bit int")
 
 
 def _close(name: str, names: Any) -> str:
@@ -300,8 +298,7 @@ class BatchEnvPool:
         unstable keep the state they had before the call and get their warning bits in
         ``status``; envs not selected are untouched.
         """
-        if not isinstance(nstep, int | np.integer) or nstep < 1:
-            raise ValueError(f"nstep: expected a positive integer, got {nstep!r}")
+        nstep = positive_int("nstep", nstep)
         stage = self._stage if stage is None else _stage(stage)
         self.core.step(self.select(ids), int(nstep), stage)
 

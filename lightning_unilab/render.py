@@ -21,6 +21,8 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
+from lightning_omnilab.validate import positive_int
+
 __all__ = ["EnvRenderer", "write_gif"]
 
 _INTEGRATION = mujoco.mjtState.mjSTATE_INTEGRATION
@@ -44,8 +46,7 @@ class EnvRenderer:
     def __init__(self, model: mujoco.MjModel, width: int = 480, height: int = 480,
                  camera: str | int | None = None) -> None:
         for name, value in (("width", width), ("height", height)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+            positive_int(name, value)
         self.model = copy.copy(model)  # the offscreen size is set on this copy only
         self.width, self.height = width, height
         if isinstance(camera, str):

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightning_omnilab.validate import positive_int, positive_number, probability
+
 __all__ = [
     "bootstrap_truncated",
     "episode_discounts",
@@ -47,8 +49,7 @@ def _rollout_shape(values: Tensor, bootstrap_value: Tensor, **others: Tensor) ->
 
 def episode_discounts(terminated: Tensor, truncated: Tensor, gamma: float) -> Tensor:
     """gamma where the episode goes on after step t, 0 where it ended (either way)."""
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma: expected a value in [0, 1], got {gamma}")
+    probability("gamma", gamma)
     done = terminated.bool() | truncated.bool()
     return torch.where(done, 0.0, gamma).to(torch.float32)
 
@@ -100,10 +101,9 @@ def vtrace(
     """
     _rollout_shape(values, bootstrap_value, rewards=rewards, discounts=discounts,
                    log_rhos=log_rhos)
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lam: expected a value in [0, 1], got {lam}")
-    if rho_bar <= 0 or c_bar <= 0:
-        raise ValueError(f"rho_bar, c_bar: expected positive clips, got {rho_bar}, {c_bar}")
+    probability("lam", lam)
+    positive_number("rho_bar", rho_bar)
+    positive_number("c_bar", c_bar)
     rhos = log_rhos.exp()
     clipped_rho = rhos.clamp(max=rho_bar)
     cs = lam * rhos.clamp(max=c_bar)
@@ -126,8 +126,7 @@ def gae(
     """GAE(lam) (Schulman et al. 2016): returns (A + V, A), the on-policy special case of
     :func:`vtrace`, written separately as its reference."""
     _rollout_shape(values, bootstrap_value, rewards=rewards, discounts=discounts)
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lam: expected a value in [0, 1], got {lam}")
+    probability("lam", lam)
     deltas = rewards + discounts * _next_values(values, bootstrap_value) - values
     adv = torch.empty_like(values)
     acc = torch.zeros_like(bootstrap_value)
@@ -148,10 +147,7 @@ def nstep_returns(
     (where V(s_T) bootstraps). n=None: to the end of the rollout (the Monte-Carlo return with a
     bootstrap)."""
     t_len, _ = _rollout_shape(values, bootstrap_value, rewards=rewards, discounts=discounts)
-    if n is None:
-        n = t_len
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n: expected an int >= 1 or None, got {n!r}")
+    n = t_len if positive_int("n", n, none_ok=True) is None else n
     all_values = torch.cat([values, bootstrap_value[None]], 0)  # V(s_0..s_T)
     out = torch.empty_like(values)
     for t in range(t_len):

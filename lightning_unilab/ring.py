@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lightning_omnilab.validate import integer, one_of
 from lightning_unilab import _core
 from lightning_unilab.rollout import RolloutSpec
 from lightning_unilab.shm import SHM_PREFIX, SharedBlock, free_shm_bytes, new_name
@@ -40,6 +41,11 @@ __all__ = ["FREE", "READING", "READY", "WRITING", "Ring", "RingHandle", "SHM_PRE
 
 FREE, WRITING, READY, READING = 0, 1, 2, 3
 WRITER_POLICIES = ("block", "overwrite_oldest")
+
+
+def check_num_slots(num_slots: object) -> int:
+    """A ring needs two slots at least: one written while one is read."""
+    return integer("num_slots", num_slots, minimum=2, why="one written while one is read")
 _MAGIC = 0x6F6D6E69_72696E67  # "omniring"
 _PAGE = 4096
 _HEADER_WORDS = 8  # per slot: state, order, seq, policy_version, env_steps, spare x3
@@ -120,12 +126,8 @@ class Ring:
     @classmethod
     def check_config(cls, spec: RolloutSpec, num_slots: int, writer_policy: str) -> int:
         """Raise ValueError for a config that cannot work; return the block's bytes."""
-        if not isinstance(num_slots, int) or isinstance(num_slots, bool) or num_slots < 2:
-            raise ValueError(f"num_slots: expected an int >= 2 (one written while one is read), "
-                             f"got {num_slots!r}")
-        if writer_policy not in WRITER_POLICIES:
-            raise ValueError(f"writer_policy: expected one of {WRITER_POLICIES}, got "
-                             f"{writer_policy!r}")
+        check_num_slots(num_slots)
+        one_of("writer_policy", writer_policy, WRITER_POLICIES)
         need, free = cls.block_bytes(spec, num_slots), free_shm_bytes()
         if need > free:
             raise ValueError(

@@ -68,6 +68,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lightning_omnilab.validate import positive_int
 from lightning_unilab.vector_env import StepBuffers, TaskVectorEnv
 
 __all__ = ["RolloutSpec", "RolloutState", "as_tensors", "collect", "STATS_KEYS"]
@@ -85,12 +86,6 @@ _SCALARS: dict[str, type] = {
 }
 
 
-def _positive(name: str, value: Any) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-    return int(value)
-
-
 @dataclass(frozen=True)
 class RolloutSpec:
     """Sizes of one rollout batch; everything else (fields, bytes, offsets) follows from them."""
@@ -106,7 +101,7 @@ class RolloutSpec:
         hint = {"num_envs": " (N: envs per collector)", "horizon": " (T: steps per rollout)"}
         for name in ("num_envs", "horizon", "obs_size", "critic_size", "action_size"):
             try:
-                _positive(name, getattr(self, name))
+                positive_int(name, getattr(self, name))
             except ValueError as err:
                 raise ValueError(f"{err}{hint.get(name, '')}") from None
         names = self.info_names

@@ -47,6 +47,7 @@ from typing import Any
 import mujoco
 import numpy as np
 
+from lightning_omnilab.validate import non_negative_int
 from lightning_unilab import _core, tasks
 from lightning_unilab.pool import BatchEnvPool, broadcast_real
 from lightning_unilab.tasks.base import NumpyTask, TaskSpec
@@ -126,11 +127,7 @@ class StepBuffers:
 
 def _check_seed(seed: Any, name: str) -> int:
     """A seed: an integer >= 0 (bool refused), as gymnasium requires."""
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-        raise TypeError(f"{name}: expected an integer >= 0, got {seed!r}")
-    if seed < 0:
-        raise ValueError(f"{name}: expected an integer >= 0, got {seed}")
-    return int(seed) % 2**64
+    return non_negative_int(name, seed) % 2**64
 
 
 def _check_seeds(seed: Any, n: int) -> np.ndarray:

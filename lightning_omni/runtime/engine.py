@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_omnilab.validate import one_of, positive_int
+
 from ..plan.lssp_schedule import (
     GroupedPlan,
     GroupOptions,
@@ -48,8 +50,7 @@ SCHEDULES = ("encoder_first_stage", "uniform_insertion")
 def build_plan(schedule: str, pipeline: int, costs: tuple) -> Schedule:
     """The step's plan for all replicas. ``costs[d][m][i]``: encoder cost of sample i of
     microbatch m in replica d (0: no encoder input)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
+    one_of("schedule", schedule, SCHEDULES)
     reps = []
     for rep_costs in costs:
         n = len(rep_costs)
@@ -90,10 +91,8 @@ class OmniEngine:
                  timeout: timedelta, device: torch.device,
                  group_options: GroupOptions | None = None,
                  ulysses_backend: str = "auto") -> None:
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
-        if not isinstance(num_microbatches, int) or num_microbatches < 1:
-            raise ValueError(f"num_microbatches: expected an int >= 1, got {num_microbatches!r}")
+        one_of("schedule", schedule, SCHEDULES)
+        positive_int("num_microbatches", num_microbatches)
         self.spec, self.layout, self.schedule = spec, layout, schedule
         self.num_microbatches, self.timeout, self.device = num_microbatches, timeout, device
         self.hosting: Hosting = param_hosting(spec, layout, schedule)

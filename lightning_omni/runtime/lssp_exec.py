@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from lightning_omnilab.validate import non_negative_int
+
 from ..plan.lssp import DP, SP, LsspPlan, MicrobatchSplit, WorkItem, plan_lssp, sp_degrees
 from ..plan.schedule import Action, Kind, Payload
 from .alltoall import SubgroupCache, all_to_all_rows, default_cache
@@ -54,9 +56,7 @@ def plan_encoder_lssp(lengths: Sequence[Mapping[int, int]], cost: EncoderCost, g
     refusing any sample whose activations exceed ``memory_cap`` even at the largest SP degree
     the group and head count allow. ``heads``: ``splittable_heads(encoder)``; 0 (an encoder
     that may not be split) plans every sample whole, balanced over the group."""
-    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 0:
-        raise ValueError(f"heads: expected an int >= 0 (0: samples are never split), got "
-                         f"{heads!r}")
+    non_negative_int("heads", heads, why="0: samples are never split")
     degrees = sp_degrees(group_size, max(heads, 1))
     top = degrees[-1]
     why = "" if heads else ": the encoder is not splittable"

@@ -24,6 +24,8 @@ import inspect
 
 from torch import nn
 
+from lightning_omnilab.validate import is_int
+
 
 def splittable_heads(encoder: nn.Module) -> int:
     """The attention heads LSSP may shard ``encoder``'s samples over, or 0: never split them.
@@ -40,7 +42,7 @@ def splittable_heads(encoder: nn.Module) -> int:
     if not declared:
         return 0
     heads = getattr(encoder, "heads", None)
-    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+    if not is_int(heads, minimum=1):
         raise ValueError(f"{name}: declares splittable_rows=True, so LSSP may split its samples "
                          "over ranks with Ulysses attention, which shards attention heads; "
                          f"expected an int `heads` attribute >= 1, got {heads!r}")

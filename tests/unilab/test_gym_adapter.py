@@ -159,7 +159,7 @@ def test_seeds_lists_and_bad_seeds() -> None:
     envs.reset(seed=[0, 1, 2, 3])
     assert envs.np_random.random() == draw
     state = envs.pool.state.copy()
-    with pytest.raises(ValueError, match=r"seed: expected an integer >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"seed: expected an int >= 0, got -1"):
         envs.reset(seed=-1)
     with pytest.raises(ValueError, match="seed: expected one int or 4 ints"):
         envs.reset(seed=[1, 2])
