@@ -25,6 +25,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
+from lightning_omnilab import quiet
 from lightning_omnilab.validate import boolean, fail, one_of, positive_int, positive_number
 
 from . import _registration
@@ -40,6 +41,12 @@ from .runtime.metrics import step_metrics
 from .runtime.splittable import splittable_heads
 from .runtime.ulysses import BACKENDS
 from .spec import OmniSpec, get_spec
+
+# notices a fit with this strategy triggers and its user cannot act on (lightning_omnilab.quiet);
+# DeepSpeed is imported on every rank when LSSP picks its Ulysses attention
+quiet.ignore_leafspec_deprecation()
+quiet.drop_litlogger_tip()
+quiet.drop_deepspeed_cpu_accelerator_notice()
 
 
 class OmniStrategy(DDPStrategy):

@@ -37,12 +37,20 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from lightning_omnilab import quiet
 from lightning_unilab.collector import Collector, CollectorConfig, available_cpus
 from lightning_unilab.randomization import Randomization
-from lightning_unilab.ring import Ring
+from lightning_unilab.ring import Ring, check_num_slots
 from lightning_unilab.rollout import RolloutSpec, as_tensors
 
 __all__ = ["EnvSpec", "RolloutDataModule"]
+
+# notices every UniLab fit triggers and its user cannot act on (lightning_omnilab.quiet); the
+# checkpoint advice is APPO's (manual optimization), installed here because every APPO run
+# streams its rollouts through this module
+quiet.ignore_leafspec_deprecation()
+quiet.drop_litlogger_tip()
+quiet.ignore_manual_optimization_checkpoint_advice()
 
 
 @dataclass(frozen=True)
@@ -162,9 +170,7 @@ class RolloutDataModule(pl.LightningDataModule):
 
         if task not in tasks.task_names():
             raise ValueError(f"task: expected one of {tasks.task_names()}, got {task!r}")
-        if not isinstance(num_slots, int) or num_slots < 2:
-            raise ValueError(f"num_slots: expected an int >= 2 (one slot read while one is "
-                             f"written), got {num_slots!r}")
+        check_num_slots(num_slots)
         self.num_slots, self.writer_policy = num_slots, writer_policy
         self.zero_copy = zero_copy
         self.read_newest = bool(read_newest)

@@ -49,7 +49,26 @@ class TaskInfo:
     numpy_task: Callable[[], NumpyTask] | None = None
 
     def load_model(self) -> mujoco.MjModel:
-        return mujoco.MjModel.from_xml_path(str(self.xml()))
+        return compile_without_settotalmass(self.xml())
+
+
+def compile_without_settotalmass(path: Path) -> mujoco.MjModel:
+    """The model at path, compiled as MuJoCo would, minus MuJoCo's deprecation warning.
+
+    gymnasium's half_cheetah.xml still sets ``<compiler settotalmass>``, which MuJoCo 4 compiles
+    with a printed warning on every load (in every collector process). Doing what the warning
+    advises, mj_setTotalmass then mj_setConst on the compiled model, gives bit-identical arrays
+    (checked by test_tasks_compile_quietly_and_identically).
+    """
+    spec = mujoco.MjSpec.from_file(str(path))
+    total = spec.compiler.settotalmass
+    if total <= 0:  # not set (the default is -1): the plain load, as before
+        return mujoco.MjModel.from_xml_path(str(path))
+    spec.compiler.settotalmass = -1
+    model = spec.compile()
+    mujoco.mj_setTotalmass(model, total)
+    mujoco.mj_setConst(model, mujoco.MjData(model))
+    return model
 
 
 def _g1_numpy() -> NumpyTask:
