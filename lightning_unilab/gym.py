@@ -36,6 +36,7 @@ import numpy as np
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from lightning_omnilab.validate import fail, one_of
 from lightning_unilab.tasks.base import NumpyTask
 from lightning_unilab.vector_env import TaskVectorEnv
 
@@ -88,10 +89,9 @@ class PoolVectorEnv(VectorEnv):
             mode = {v: k for k, v in _MODES.items()}.get(autoreset, str(autoreset.value))
         else:
             mode = autoreset
-        if mode not in _MODES:
-            raise ValueError(f"autoreset: expected one of {sorted(_MODES)}, got {autoreset!r}")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode: expected None or 'rgb_array', got {render_mode!r}")
+        if mode not in _MODES:  # (an enum member or its name: not one_of's rule)
+            fail("autoreset", f"one of {sorted(_MODES)}", autoreset)
+        one_of("render_mode", render_mode, (None, "rgb_array"))
         if max_episode_steps is not None:
             params = {**(params or {}), "max_episode_steps": max_episode_steps}
         self.env = TaskVectorEnv(task, num_envs, num_threads, autoreset=mode, params=params,

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Normal
 
-from lightning_omnilab.validate import positive_int
+from lightning_omnilab.validate import one_of, positive_int
 
 __all__ = ["ActorCritic", "ObsNormalizer", "RunningMoments", "ValueNormalizer", "mlp"]
 
@@ -24,8 +24,7 @@ def mlp(
     in_size: int, hidden: Sequence[int], out_size: int, activation: str = "elu"
 ) -> nn.Sequential:
     """in -> hidden... -> out, with ``activation`` between layers and none after the last."""
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation: expected one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    one_of("activation", activation, sorted(_ACTIVATIONS))
     sizes = [in_size, *hidden]
     layers: list[nn.Module] = []
     for a, b in zip(sizes[:-1], sizes[1:], strict=True):

@@ -47,7 +47,7 @@ from typing import Any
 import mujoco
 import numpy as np
 
-from lightning_omnilab.validate import non_negative_int
+from lightning_omnilab.validate import non_negative_int, one_of
 from lightning_unilab import _core, tasks
 from lightning_unilab.pool import BatchEnvPool, broadcast_real
 from lightning_unilab.tasks.base import NumpyTask, TaskSpec
@@ -188,10 +188,8 @@ class TaskVectorEnv:
         copy: bool = True,
     ) -> None:
         self._closed = True  # until constructed: close() and __del__ stay harmless
-        if autoreset not in AUTORESET_MODES:
-            raise ValueError(f"autoreset: expected one of {AUTORESET_MODES}, got {autoreset!r}")
-        if nonfinite not in ("raise", "truncate"):
-            raise ValueError(f"nonfinite: expected 'raise' or 'truncate', got {nonfinite!r}")
+        one_of("autoreset", autoreset, AUTORESET_MODES)
+        one_of("nonfinite", nonfinite, ("raise", "truncate"))
         if randomization is not None and not callable(randomization):
             raise TypeError("randomization: expected a function (rng, ids) -> {field: values}, "
                             f"got {type(randomization).__name__}")

@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from lightning_omnilab.validate import one_of
+
 from .alltoall import all_to_all_rows, group_ranks, group_timeout
 from .failures import communicating
 
@@ -141,8 +143,7 @@ class UlyssesAttention:
 
     def __init__(self, group: dist.ProcessGroup, causal: bool = False,
                  backend: str = "auto") -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+        one_of("backend", backend, BACKENDS)
         if backend == "auto":
             backend = "deepspeed" if deepspeed_available() else "torch"
         self.group, self.causal, self.backend = group, causal, backend
