@@ -6,6 +6,9 @@
 2. A model built in ``configure_model`` (the omni_memory benchmark's, 1.3 GB of float32
    parameters) on the GPU: ``torch.cuda.max_memory_allocated`` after setup and after one step.
 3. Tokens per second of that model's training steps at PP1 (one rank).
+4. Tokens per second of the Hugging Face LLaVA recipe (``--hf-size``, default a SigLIP-so400m
+   tower with Qwen2-0.5B layers) at PP1, bf16-mixed, against the same model and data under
+   Lightning's default strategy in the same run.
 
     python benchmarks/device_check.py --out build/device_check.json
 
@@ -57,13 +60,14 @@ def _single_rank_env() -> None:
                       LOCAL_RANK="0", NODE_RANK="0")
 
 
-def _fit(model, data, accelerator: str, precision: str, steps: int) -> _Losses:
+def _fit(model, data, accelerator: str, precision: str, steps: int,
+         strategy: object | None = None) -> _Losses:
     rec = _Losses()
     trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps, logger=False,
                          precision=precision, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          use_distributed_sampler=False, callbacks=[rec],
-                         strategy=OmniStrategy(num_microbatches=2))
+                         strategy=strategy or OmniStrategy(num_microbatches=2))
     trainer.fit(model, data)
     return rec
 
@@ -105,13 +109,54 @@ def check_configure_model(accelerator: str, steps: int, batch: int, hidden: int,
     model = BigModel(hidden, blocks)
     data = torch.utils.data.DataLoader(_Repeat(steps + 2, batch), batch_size=None)
     rec = _fit(model, data, accelerator, "bf16-mixed", steps + 2)
-    dt = [b - a for a, b in zip(rec.times[1:], rec.times[2:], strict=False)]  # after warm-up
-    tokens = batch * 16  # make_batch: 16 tokens per sample
-    out = {"steps_timed": len(dt), "tokens_per_step": tokens,
-           "tokens_per_s": tokens * len(dt) / sum(dt) if dt else None,
-           "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    out = _timed(rec, batch * 16)  # make_batch: 16 tokens per sample
+    out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
     if cuda:
         out["cuda_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    return out
+
+
+# LlavaCaptioner sizes: "tiny" is the CPU recipe's; the other a SigLIP-so400m tower (384 px,
+# 729 features per image) with Qwen2-0.5B decoder layers (tied embeddings)
+HF_SIZES = {
+    "tiny": {},
+    "siglip400m-qwen2-0.5b": dict(
+        vision="siglip", text="qwen2", image_size=384, patch_size=14, vision_hidden=1152,
+        vision_layers=27, vision_heads=16, vision_intermediate=4304, feature_layer=-2,
+        hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936,
+        tie_embeddings=True),
+}
+
+
+def _timed(rec: _Losses, tokens: int) -> dict:
+    dt = [b - a for a, b in zip(rec.times[1:], rec.times[2:], strict=False)]  # after warm-up
+    return {"steps_timed": len(dt), "tokens_per_step": tokens,
+            "tokens_per_s": tokens * len(dt) / sum(dt) if dt else None,
+            "losses": rec.losses}
+
+
+def check_hf_recipe(accelerator: str, steps: int, batch: int, size: str) -> dict:
+    """Part 4: the LLaVA recipe at PP1 under OmniStrategy and under Lightning's default."""
+    from lightning_omni.examples.llava_data import LlavaCaptionData
+    from lightning_omni.examples.llava_model import LlavaCaptioner
+
+    out: dict = {"size": size, "batch": batch}
+    for name in ("omni", "lightning_default"):
+        if accelerator == "gpu":
+            torch.cuda.reset_peak_memory_stats()
+        torch.manual_seed(0)
+        model = LlavaCaptioner(**HF_SIZES[size])
+        cfg = model.config.vision_config
+        data = LlavaCaptionData(cfg.image_size, cfg.patch_size, model.image_tokens,
+                                batch_size=batch, samples_per_epoch=batch * (steps + 2))
+        strategy = None if name == "omni" else "auto"
+        rec = _fit(model, data, accelerator, "bf16-mixed", steps + 2, strategy)
+        out[name] = _timed(rec, batch * data.train_set.seq_len)
+        out[name]["param_count"] = sum(p.numel() for p in model.parameters())
+        if accelerator == "gpu":
+            out[name]["cuda_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    a, b = out["omni"]["tokens_per_s"], out["lightning_default"]["tokens_per_s"]
+    out["omni_over_default"] = a / b if a and b else None
     return out
 
 
@@ -124,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8, help="samples per step in part 3")
     p.add_argument("--hidden", type=int, default=1536, help="part 2-3 model width")
     p.add_argument("--blocks", type=int, default=12, help="part 2-3 model depth")
+    p.add_argument("--hf-size", choices=sorted(HF_SIZES), default="siglip400m-qwen2-0.5b",
+                   help="part 4 model (tiny: the CPU recipe's)")
+    p.add_argument("--hf-batch", type=int, default=16, help="samples per step in part 4")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -138,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     res["bf16_vs_f64"] = check_bf16_against_f64(accelerator, args.steps, args.rtol)
     res["configure_model"] = check_configure_model(accelerator, args.steps, args.batch,
                                                    args.hidden, args.blocks)
+    res["hf_llava_pp1"] = check_hf_recipe(accelerator, args.steps, args.hf_batch, args.hf_size)
     res["seconds"] = time.time() - t0
     print(json.dumps(res, indent=2))
     if args.out:

@@ -28,12 +28,15 @@ class LlavaCaptionDataset(Dataset):
             raise ValueError(f"image_fraction: expected a fraction in [0, 1], got "
                              f"{image_fraction}")
         patches = (image_size // patch_size) ** 2
-        if image_size % patch_size or image_tokens < 1 or image_tokens > patches + 1:
-            raise ValueError(f"image_size, patch_size, image_tokens: expected a size divisible "
-                             f"by the patch and 1 to {patches + 1} tokens per image, got "
+        if patches < 1 or image_tokens < 1 or image_tokens > patches + 1:
+            raise ValueError(f"image_size, patch_size, image_tokens: expected at least one "
+                             f"patch and 1 to {patches + 1} tokens per image, got "
                              f"{image_size}, {patch_size}, {image_tokens}")
         self.length, self.seed, self.fraction = length, seed, image_fraction
-        self.size, self.patch, self.image_tokens = image_size, patch_size, image_tokens
+        # the tower's patch convolution ignores pixels past the last whole patch (SigLIP at
+        # 384 px, patch 14: 27 x 27 patches of the first 378 rows and columns)
+        self.size = image_size // patch_size * patch_size
+        self.patch, self.image_tokens = patch_size, image_tokens
         self.rows = max(patches, image_tokens)
         self.seq_len = image_tokens + 1 + MAX_WORDS + 1
 

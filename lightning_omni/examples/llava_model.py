@@ -9,6 +9,7 @@ hosts. ``training_step`` runs the model's own ``forward``; ``configure_omni`` is
 
 from __future__ import annotations
 
+import inspect
 from typing import Literal
 
 import torch
@@ -21,7 +22,7 @@ from ..integrations.hf_llava import (
     causal_lm_loss,
     image_features_per_image,
     llava_spec,
-    unpatchify,
+    pixels_from_patches,
 )
 from .multimodal_data import IMG, PAD, VOCAB
 from .multimodal_model import METRICS
@@ -80,6 +81,7 @@ def _shifted(terms):
     return shifted
 
 
+_CONFIG_FIELDS = tuple(inspect.signature(llava_config).parameters)
 # METRICS read labels at their own position; HF's labels are one position later
 HF_METRICS = {name: _shifted(terms) for name, terms in METRICS.items()}
 
@@ -98,9 +100,8 @@ class LlavaCaptioner(LightningModule):
                  weight_decay: float = 0.01) -> None:
         super().__init__()
         self.save_hyperparameters()
-        hp = dict(self.hparams)
-        self.lr, self.weight_decay = hp.pop("lr"), hp.pop("weight_decay")
-        self.config = llava_config(**hp)
+        self.lr, self.weight_decay = lr, weight_decay
+        self.config = llava_config(**{k: self.hparams[k] for k in _CONFIG_FIELDS})
         self.model = None
 
     @property
@@ -124,13 +125,11 @@ class LlavaCaptioner(LightningModule):
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         """The logits of the model's own ``forward`` (images of the samples that have one)."""
-        v = self.config.vision_config
         has = batch[PATCHES_LEN] > 0
         pixels = None
         if bool(has.any()):
-            rows = batch[PATCHES][has][:, : (v.image_size // v.patch_size) ** 2]
             dtype = next(self.model.model.vision_tower.parameters()).dtype
-            pixels = unpatchify(rows.to(dtype), v.num_channels, v.patch_size)
+            pixels = pixels_from_patches(batch[PATCHES][has], self.config.vision_config, dtype)
         return self.model(input_ids=batch["tokens"], pixel_values=pixels).logits
 
     def _step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:

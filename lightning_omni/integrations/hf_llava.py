@@ -59,20 +59,30 @@ def unpatchify(patches: Tensor, channels: int, patch: int) -> Tensor:
     return x.reshape(n, channels, side * patch, side * patch)
 
 
+def pixels_from_patches(patches: Tensor, vision_config: Any, dtype: torch.dtype) -> Tensor:
+    """A batch's ``[N, R, C*p*p]`` patch rows back to the ``[N, C, size, size]`` pixels the
+    tower takes: its first ``(size // p) ** 2`` rows, and zeros right and below where ``size``
+    is not a multiple of ``p`` (pixels the patch convolution never reads)."""
+    v = vision_config
+    side = v.image_size // v.patch_size
+    pixels = unpatchify(patches[:, : side * side].to(dtype), v.num_channels, v.patch_size)
+    extra = v.image_size - side * v.patch_size
+    return F.pad(pixels, (0, extra, 0, extra)) if extra else pixels
+
+
 class LlavaImageEncoder(nn.Module):
     """The vision tower and projector: image patches to LLM-width features, as
     ``LlavaModel.get_image_features`` computes them (feature layer, CLS dropped or not)."""
 
     def __init__(self, vision_tower: nn.Module, projector: nn.Module, feature_layer: int | list,
-                 select_strategy: str, channels: int, patch: int, image_size: int) -> None:
+                 select_strategy: str, vision_config: Any) -> None:
         super().__init__()
         if select_strategy not in ("default", "full"):
             raise OmniSpecError(f"vision_feature_select_strategy: expected 'default' or 'full', "
                                 f"got {select_strategy!r}")
         self.vision_tower, self.projector = vision_tower, projector
         self.feature_layer, self.select_strategy = feature_layer, select_strategy
-        self.channels, self.patch = channels, patch
-        self.patches = (image_size // patch) ** 2
+        self.vision_config = vision_config
 
     def features(self, pixels: Tensor) -> Tensor:
         """``[N, C, H, W]`` pixels to ``[N, features, hidden]``."""
@@ -86,8 +96,7 @@ class LlavaImageEncoder(nn.Module):
 
     def forward(self, patches: Tensor, lengths: Tensor) -> Tensor:
         dtype = next(self.vision_tower.parameters()).dtype
-        rows = patches[:, : self.patches].to(dtype)
-        return self.features(unpatchify(rows, self.channels, self.patch))
+        return self.features(pixels_from_patches(patches, self.vision_config, dtype))
 
 
 class LlavaDecoderLayer(nn.Module):
@@ -155,10 +164,8 @@ def llava_spec(model: nn.Module, **spec_kwargs: Any) -> OmniSpec:
                             f".model.language_model, .lm_head), got {type(model).__name__} "
                             f"({err})") from err
     config = model.config
-    vconf = config.vision_config
     encoder = LlavaImageEncoder(vision, projector, config.vision_feature_layer,
-                                config.vision_feature_select_strategy, vconf.num_channels,
-                                vconf.patch_size, vconf.image_size)
+                                config.vision_feature_select_strategy, config.vision_config)
     text = language.config
     blocks = [LlavaDecoderLayer(layer, language.rotary_emb, text)
               for layer in language.layers[: text.num_hidden_layers]]
@@ -168,9 +175,14 @@ def llava_spec(model: nn.Module, **spec_kwargs: Any) -> OmniSpec:
         head=LlavaHead(language.norm, lm_head), loss=causal_lm_loss, **spec_kwargs)
 
 
+def image_tokens(image_size: int, patch_size: int, has_cls: bool, select_strategy: str) -> int:
+    """Placeholder tokens per image: the tower's outputs (its patches, plus a CLS token if it
+    has one), less the first under the "default" strategy (as ``transformers`` drops it)."""
+    return (image_size // patch_size) ** 2 + has_cls - (select_strategy == "default")
+
+
 def image_features_per_image(config: Any) -> int:
-    """Placeholder tokens per image: the tower's outputs (its patches, plus a CLS token for
-    CLIP), less the first under the "default" strategy (as ``transformers`` drops it)."""
+    """``image_tokens`` of a ``LlavaConfig`` (CLIP's tower has a CLS token, SigLIP's none)."""
     v = config.vision_config
-    outputs = (v.image_size // v.patch_size) ** 2 + (v.model_type == "clip_vision_model")
-    return outputs - (config.vision_feature_select_strategy == "default")
+    return image_tokens(v.image_size, v.patch_size, v.model_type == "clip_vision_model",
+                        config.vision_feature_select_strategy)

@@ -4,6 +4,10 @@ module does, in float64."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,12 +27,13 @@ from lightning_omni.spec import OmniSpecError, scatter_features, valid_rows
 pytest.importorskip("transformers")
 
 # three tower/decoder/feature choices: SigLIP (no CLS) into Llama; CLIP with LLaVA-1.5's
-# "default" (CLS dropped) from the second-to-last layer into Qwen2; CLIP with its CLS kept
-# from two layers concatenated
+# "default" (CLS dropped) from the second-to-last layer into Qwen2, at a size that is not a
+# multiple of the patch (as SigLIP's 384 px with patch 14); CLIP with its CLS kept from two
+# layers concatenated
 CONFIGS = {
     "siglip-llama": dict(vision="siglip", text="llama"),
     "clip-qwen2": dict(vision="clip", text="qwen2", feature_strategy="default",
-                       feature_layer=-2),
+                       feature_layer=-2, image_size=36),
     "clip-full-2layers": dict(vision="clip", text="llama", feature_layer=[-2, -1]),
 }
 STEPS, BATCH, SAMPLES = 4, 8, 32
@@ -55,7 +60,9 @@ def _model(seed: int, **kw: Any) -> Float64Llava:
 
 
 def _data(model: LlavaCaptioner, n: int = SAMPLES) -> LlavaCaptionDataset:
-    return LlavaCaptionDataset(n, 32, 8, model.image_tokens, image_fraction=0.6)
+    v = model.config.vision_config
+    return LlavaCaptionDataset(n, v.image_size, v.patch_size, model.image_tokens,
+                               image_fraction=0.6)
 
 
 def _batch(model: LlavaCaptioner, n: int = 8) -> dict[str, torch.Tensor]:
@@ -197,3 +204,54 @@ def test_omni_strategy_matches_the_plain_module():
                 assert 0 < r["param_fraction"] < 0.8
         assert seen == names
 
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_tiny_recipe_learns_through_its_cli(tmp_path):
+    """recipes/omni/llava_tiny.yaml as a user runs it (2 processes, pipeline 2, the model built
+    on the meta device), shortened: validation loss falls."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cmd = [sys.executable, "-m", "lightning_omni.examples.llava_train", "fit", "--config",
+           "recipes/omni/llava_tiny.yaml", "--trainer.max_epochs", "2",
+           "--data.samples_per_epoch", "160", "--trainer.enable_progress_bar", "false",
+           "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (logdir,) = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
+    ea = EventAccumulator(str(logdir))
+    ea.Reload()
+    val = [e.value for e in ea.Scalars("val/loss")]
+    assert len(val) == 2 and val[1] < 0.8 * val[0], val
+
+
+def test_gpu_recipe_is_the_planned_launch(tmp_path):
+    """The GPU recipe's layout is what ``omni-plan --runnable-only`` launches for its workload
+    (at the recipe's image share), and its config resolves with the data linked to the tower
+    (729 tokens per 384 px SigLIP image); the 7B model itself is only built in fit."""
+    import json
+
+    import yaml
+
+    from lightning_omni.cli import main as omni_plan
+    from lightning_omni.examples.llava_train import main
+
+    recipe = REPO / "recipes/omni/llava_siglip_qwen2_7b.yaml"
+    cfg = yaml.safe_load(recipe.read_text())
+    assert omni_plan([str(REPO / "recipes/omni_plan/llava_siglip_qwen2_7b.yaml"),
+                      "--runnable-only", "--no-plots", "--out-dir", str(tmp_path)]) in (0, None)
+    rows = json.loads((tmp_path / "summary.json").read_text())["omni"]
+    (row,) = [r for r in rows if r["image_ratio"] == cfg["data"]["image_fraction"]]
+    assert row["launch"]["runnable"]
+    assert cfg["trainer"]["strategy"]["init_args"] == row["launch"]["strategy_kwargs"]
+    init = cfg["trainer"]["strategy"]["init_args"]
+    assert init["pipeline_parallel"] * init["data_parallel"] == cfg["trainer"]["devices"]
+    # parsed and instantiated as a user's command would, on this CPU and one process
+    cli = main(["--config", str(recipe), "--trainer.accelerator", "cpu", "--trainer.devices",
+                "1", "--trainer.strategy.init_args.data_parallel", "1",
+                "--trainer.logger", "false"], run=False)
+    assert cli.model.image_tokens == cli.datamodule.train_set.image_tokens == 729
+    assert cli.model.model is None  # built in configure_model, on the meta device under Omni

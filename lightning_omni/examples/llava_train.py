@@ -1,0 +1,37 @@
+"""LightningCLI entry point of the Hugging Face LLaVA recipe.
+
+    python -m lightning_omni.examples.llava_train fit --config recipes/omni/llava_tiny.yaml
+
+The data's image geometry follows the model's (``--model.image_size`` and friends), so a
+changed tower never meets images of the wrong size.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch.cli import LightningCLI
+
+from ..integrations.hf_llava import image_tokens
+from .llava_data import LlavaCaptionData
+from .llava_model import LlavaCaptioner
+
+
+def _image_tokens(vision: str, image_size: int, patch_size: int, strategy: str) -> int:
+    return image_tokens(image_size, patch_size, vision == "clip", strategy)
+
+
+class LlavaCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("model.image_size", "data.image_size")
+        parser.link_arguments("model.patch_size", "data.patch_size")
+        parser.link_arguments(("model.vision", "model.image_size", "model.patch_size",
+                               "model.feature_strategy"), "data.image_tokens",
+                              compute_fn=_image_tokens)
+
+
+def main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
+    return LlavaCLI(LlavaCaptioner, LlavaCaptionData, args=args, run=run,
+                    save_config_kwargs={"overwrite": True})
+
+
+if __name__ == "__main__":
+    main()
