@@ -27,6 +27,15 @@ import torch.distributed as dist
 from torch import Tensor
 from torchmetrics.aggregation import RunningMean
 
+from lightning_omnilab import quiet
+from lightning_omnilab.validate import (
+    non_negative_int,
+    number,
+    one_of,
+    positive_int,
+    positive_number,
+    probability,
+)
 from lightning_unilab.losses import (
     RATIO_FORMS,
     approx_kl,
@@ -41,6 +50,9 @@ from lightning_unilab.policy import ActorCritic
 from lightning_unilab.returns import bootstrap_truncated, episode_discounts, vtrace
 
 __all__ = ["APPOModule", "PreparedSlot", "adapted_lr", "next_actor_lr"]
+
+# the ModelCheckpoint advice for manually optimized modules: APPO's own (lightning_omnilab.quiet)
+quiet.ignore_manual_optimization_checkpoint_advice()
 
 _BATCH_KEYS = ("obs", "critic_obs", "actions", "behaviour_logp", "behaviour_mean",
                "behaviour_log_std", "rewards", "terminated", "truncated", "final_critic_obs",
@@ -69,22 +81,6 @@ class PreparedSlot:
     @property
     def size(self) -> int:
         return self.obs.shape[0]
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-    return value
-
-
-def _in_range(name: str, value: Any, low: float, high: float, low_open: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (low < value if low_open else low <= value) and value <= high
-    if not ok:
-        bound = "(" if low_open else "["
-        raise ValueError(f"{name}: expected a number in {bound}{low}, {high}], got {value!r}")
-    return float(value)
 
 
 def adapted_lr(lr: float, kl: float, desired_kl: float, lr_min: float, lr_max: float) -> float:
@@ -185,42 +181,32 @@ class APPOModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["policy"])
-        _in_range("gamma", gamma, 0.0, 1.0)
-        _in_range("gae_lambda", gae_lambda, 0.0, 1.0)
-        _in_range("rho_bar", rho_bar, 0.0, math.inf, low_open=True)
-        _in_range("c_bar", c_bar, 0.0, math.inf, low_open=True)
-        _in_range("clip_ratio", clip_ratio, 0.0, 1.0, low_open=True)
-        if ratio_form not in RATIO_FORMS:
-            raise ValueError(f"ratio_form: expected one of {RATIO_FORMS}, got {ratio_form!r}")
-        if value_clip is not None:
-            _in_range("value_clip", value_clip, 0.0, math.inf, low_open=True)
-        _in_range("value_loss_coef", value_loss_coef, 0.0, math.inf)
-        _in_range("entropy_coef", entropy_coef, 0.0, math.inf)
-        _in_range("lr", lr, 0.0, math.inf, low_open=True)
-        if critic_lr is not None:
-            _in_range("critic_lr", critic_lr, 0.0, math.inf, low_open=True)
-        if kl_stop is not None:
-            _in_range("kl_stop", kl_stop, 1.0, math.inf, low_open=True)
+        probability("gamma", gamma)
+        probability("gae_lambda", gae_lambda)
+        positive_number("rho_bar", rho_bar)
+        positive_number("c_bar", c_bar)
+        number("clip_ratio", clip_ratio, low=0, high=1, low_open=True)
+        one_of("ratio_form", ratio_form, RATIO_FORMS)
+        positive_number("value_clip", value_clip, none_ok=True)
+        number("value_loss_coef", value_loss_coef, low=0)
+        number("entropy_coef", entropy_coef, low=0)
+        positive_number("lr", lr)
+        positive_number("critic_lr", critic_lr, none_ok=True)
+        number("kl_stop", kl_stop, low=1, low_open=True, none_ok=True)
         if adaptive_lr or kl_stop is not None:
-            _in_range("desired_kl", desired_kl, 0.0, math.inf, low_open=True)
+            positive_number("desired_kl", desired_kl)
         if adaptive_lr:
-            _in_range("lr_min", lr_min, 0.0, math.inf, low_open=True)
-            _in_range("lr_max", lr_max, lr_min, math.inf)
-        _positive_int("epochs", epochs)
-        _positive_int("minibatches", minibatches)
-        if max_grad_norm is not None:
-            _in_range("max_grad_norm", max_grad_norm, 0.0, math.inf, low_open=True)
-        if max_policy_lag is not None and (not isinstance(max_policy_lag, int)
-                                           or isinstance(max_policy_lag, bool)
-                                           or max_policy_lag < 0):
-            raise ValueError(f"max_policy_lag: expected an int >= 0 or None, got "
-                             f"{max_policy_lag!r}")
-        _positive_int("target_update_interval", target_update_interval)
-        _in_range("target_tau", target_tau, 0.0, 1.0, low_open=True)
+            positive_number("lr_min", lr_min)
+            number("lr_max", lr_max, low=lr_min)
+        positive_int("epochs", epochs)
+        positive_int("minibatches", minibatches)
+        positive_number("max_grad_norm", max_grad_norm, none_ok=True)
+        non_negative_int("max_policy_lag", max_policy_lag, none_ok=True)
+        positive_int("target_update_interval", target_update_interval)
+        number("target_tau", target_tau, low=0, high=1, low_open=True)
         for name, value in (("obs_size", obs_size), ("critic_size", critic_size),
                             ("action_size", action_size)):
-            if value is not None:
-                _positive_int(name, value)
+            positive_int(name, value, none_ok=True)
         if policy is not None and not isinstance(policy, ActorCritic):
             raise TypeError(f"policy: expected an ActorCritic or None, got "
                             f"{type(policy).__name__}")

@@ -45,12 +45,9 @@ from lightning_unilab.rollout import RolloutSpec, as_tensors
 
 __all__ = ["EnvSpec", "RolloutDataModule"]
 
-# notices every UniLab fit triggers and its user cannot act on (lightning_omnilab.quiet); the
-# checkpoint advice is APPO's (manual optimization), installed here because every APPO run
-# streams its rollouts through this module
+# notices every UniLab fit triggers and its user cannot act on (lightning_omnilab.quiet)
 quiet.ignore_leafspec_deprecation()
 quiet.drop_litlogger_tip()
-quiet.ignore_manual_optimization_checkpoint_advice()
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from lightning_omnilab.validate import positive_int
+
 __all__ = ["CheckpointEvaluation", "Episode", "EvaluationRollout", "TaskMismatchError",
            "checkpoint_evaluation", "evaluation_task_kwargs", "plot_episode", "render_episode",
            "run_episode"]
@@ -121,15 +123,14 @@ def run_episode(policy: torch.nn.Module, task: str, task_kwargs: Mapping[str, An
     """
     from lightning_unilab.vector_env import TaskVectorEnv
 
+    max_steps = positive_int("max_steps", max_steps, none_ok=True)
     kwargs = dict(task_kwargs or {})
     env = TaskVectorEnv(task, 1, 1, seed=seed, **kwargs)
     try:
         spec = env.spec
         _check_sizes(policy, task, spec.obs_size, spec.action_size)
         limit = spec.max_episode_steps if spec.max_episode_steps > 0 else 1000
-        steps = limit if max_steps is None else min(int(max_steps), limit)
-        if steps < 1:
-            raise ValueError(f"max_steps: expected an int >= 1, got {max_steps!r}")
+        steps = limit if max_steps is None else min(max_steps, limit)
         obs, info = env.reset(seed=seed)
         critic = info.get("critic_obs")
         states = [env.pool.state[0].copy()]
@@ -364,8 +365,7 @@ class EvaluationRollout(pl.Callback):
                  video: bool = True, max_frames: int = 100, size: Sequence[int] = (240, 180),
                  randomize: bool = False,
                  task_params: Mapping[str, float] | None = None) -> None:
-        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
-            raise ValueError(f"max_steps: expected an int >= 1 or None, got {max_steps!r}")
+        max_steps = positive_int("max_steps", max_steps, none_ok=True)
         if len(size) != 2:
             raise ValueError(f"size: expected (width, height), got {size!r}")
         self.out_dir, self.max_steps, self.seed = out_dir, max_steps, seed

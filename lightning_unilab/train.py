@@ -28,6 +28,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lightning_omnilab.validate import positive_int
 from lightning_unilab.appo import APPOModule
 from lightning_unilab.data import RolloutDataModule
 
@@ -131,10 +132,7 @@ def _log_dir(trainer: Any) -> str | None:
 def main(args: list[str] | None = None) -> UniLabCLI:
     cli = UniLabCLI(APPOModule, RolloutDataModule, run=False, seed_everything_default=0,
                     save_config_kwargs={"overwrite": True}, args=args)
-    threads = cli.config["learner_threads"]
-    if threads < 1:
-        raise ValueError(f"learner_threads: expected an int >= 1, got {threads}")
-    torch.set_num_threads(threads)
+    torch.set_num_threads(positive_int("learner_threads", cli.config["learner_threads"]))
     trainer = cli.trainer
     try:
         trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config["ckpt_path"])

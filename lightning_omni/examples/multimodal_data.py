@@ -22,6 +22,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_omnilab.validate import positive_int
+
 PAD, IMG, AUD, BOS, SEP, EOS = range(6)
 COLOURS = ["red", "green", "blue", "yellow"]
 SHAPES = ["square", "disc", "cross", "ring"]
@@ -170,8 +172,7 @@ class MultimodalCaptionData(pl.LightningDataModule):
                  stages: Sequence[Sequence[float]] = ((6, 2, 2), (2, 2, 6), (3, 4, 3)),
                  epochs_per_stage: int = 2, val_samples: int = 128, seed: int = 0) -> None:
         super().__init__()
-        if epochs_per_stage < 1:
-            raise ValueError(f"epochs_per_stage: expected >= 1, got {epochs_per_stage}")
+        positive_int("epochs_per_stage", epochs_per_stage)
         self.batch_size = batch_size
         self.stages = [list(s) for s in stages]
         self.epochs_per_stage = epochs_per_stage

@@ -3,6 +3,7 @@
 import math
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
 from inprocess_rollouts import FixedBatches, one_rollout
@@ -396,6 +397,17 @@ def test_bad_hyperparameters_name_the_argument():
         APPOModule(max_policy_lag=-1)
     with pytest.raises(ValueError, match="minibatches"):
         APPOModule(minibatches=0)
+
+
+def test_hyperparameters_follow_the_shared_rules():
+    """The shared validators: a bool is not a count, a numpy integer is, bounds are named."""
+    with pytest.raises(TypeError, match=r"^epochs: expected an int >= 1, got True$"):
+        APPOModule(epochs=True)
+    with pytest.raises(TypeError, match=r"^max_policy_lag: expected an int >= 0 or None"):
+        APPOModule(max_policy_lag=1.0)
+    with pytest.raises(ValueError, match=r"^lr_max: expected a number >= 0.001, got 0.0001$"):
+        APPOModule(lr=1e-4, lr_min=1e-3, lr_max=1e-4)
+    assert APPOModule(epochs=np.int64(2), max_policy_lag=0).hparams.max_policy_lag == 0
 
 
 def test_checkpoint_keeps_version_and_normalizer(pendulum_batch, tmp_path):
