@@ -104,8 +104,10 @@ def _module(epochs: int) -> APPOModule:
                       minibatches=MINIBATCHES)
 
 
-def measure_collect(n: int, t: int, reps: int) -> tuple[float, dict[str, Any], RolloutSpec]:
-    env = TaskVectorEnv(TASK, n, 1, seed=0)
+def measure_collect(n: int, t: int, reps: int, threads: int = 1,
+                    task: str = TASK) -> tuple[float, dict[str, Any], RolloutSpec]:
+    """One N x T rollout in this process: ``threads`` physics threads, the actor on one."""
+    env = TaskVectorEnv(task, n, threads, seed=0)
     spec = RolloutSpec.from_env(env, t)
     policy = ActorCritic(spec.obs_size, spec.critic_size, spec.action_size, HIDDEN, HIDDEN)
     state = RolloutState.start(env, seed=0)
