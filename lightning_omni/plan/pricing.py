@@ -20,7 +20,8 @@ takes the GPUs after the LLM's.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from lightning_omnilab.validate import positive_int
 from .costs import BYTES_BF16, CostModel, _require
 from .interleaved import build_interleaved, check_interleaving, interleave
 from .lssp import WorkItem, split_microbatch
+from .priced import PricedStep, estimate_seconds, peak_bytes
 from .scenario import SYSTEMS, ParallelConfig, Prediction, Scenario
 from .schedule import (
     Action,
@@ -40,7 +42,16 @@ from .schedule import (
     encoder_first_stage,
     uniform_insertion,
 )
-from .simulate import StepCosts, simulate
+from .simulate import SimResult, StepCosts, simulate
+from .step_cache import (
+    AssignKey,
+    EncoderAssignment,
+    EncoderSplit,
+    LlmTableKey,
+    ReplicaKey,
+    ScheduleKey,
+    SplitKey,
+)
 from .step_data import StepData
 
 
@@ -67,22 +78,6 @@ def _stage_layers(layers: int, pp: int, stage0_fraction: float = 1.0) -> list[in
     return [first] + [base + (1 if s >= pp - 1 - extra else 0) for s in range(pp - 1)]
 
 
-@dataclass
-class _Priced:
-    """A schedule with its prices, plus the tables behind them (for the fast estimate)."""
-
-    schedule: Schedule
-    costs: StepCosts
-    llm_fwd: list[np.ndarray]
-    llm_bwd: list[np.ndarray]
-    llm_act: list[np.ndarray]
-    enc_fwd: dict[tuple[int, int], float]
-    enc_bwd: dict[tuple[int, int], float]
-    enc_mem: dict[tuple[int, int], float]
-    static: list[float]
-    collective_seconds: list[float]
-
-
 class StepPricer:
     """Builds a system's schedule and the prices of its actions for one config and one DP
     replica (``replica`` indexes the replicas of ``StepData.replicas``)."""
@@ -91,21 +86,22 @@ class StepPricer:
                  replica: int = 0) -> None:
         _require(system in SYSTEMS, "system", f"one of {SYSTEMS}", system)
         _require(0 <= replica < config.dp, "replica", f"in [0, dp={config.dp})", replica)
-        self.d, self.system, self.cfg, self.replica = data, system, config, replica
-        self.sc, self.cost = data.scenario, data.cost
-        self.off = frozenset(self.sc.omni_off) if system == "omni" else frozenset()
+        self.data, self.system, self.cfg, self.replica = data, system, config, replica
+        self.scenario, self.cost = data.scenario, data.cost
+        # the Omni features switched off for an ablation (none for the other systems)
+        self.omni_off = frozenset(self.scenario.omni_off) if system == "omni" else frozenset()
         self.vpp = config.vpp
         # per virtual stage (llm_* tables, LLM actions' ``stage``) and per rank (memory, grads)
-        self.chunk_layers = _chunk_layers(self.sc.llm.layers, config.pp, config.vpp,
+        self.chunk_layers = _chunk_layers(self.scenario.llm.layers, config.pp, config.vpp,
                                           config.stage0_layer_fraction)
         self.layers = [sum(self.chunk_layers[s::config.pp]) for s in range(config.pp)]
-        self.replica_kind = "omni" if system == "omni" and "reorder" not in self.off \
+        self.replica_kind = "omni" if system == "omni" and "reorder" not in self.omni_off \
             else "loader"
         self.mbs = data.replicas(self.replica_kind, config.dp)[replica]
         self.num_mb = len(self.mbs)
         if config.vpp > 1:
             check_interleaving(config.pp, self.num_mb, config.vpp)
-        self._key = (self.replica_kind, config.dp, replica)
+        self._key = ReplicaKey(self.replica_kind, config.dp, replica)
         self._widths = [self._width(s) for s in range(config.pp)]
         self._offsets = [sum(self._widths[:s]) for s in range(config.pp)]
 
@@ -131,18 +127,18 @@ class StepPricer:
     def stage_gpu(self, stage: int, replica: int | None = None) -> int:
         """First GPU of ``stage`` of a replica (Megatron order, see the module docstring);
         stage ``pp`` is the disaggregated encoder pool."""
-        d = self.replica if replica is None else replica
+        replica = self.replica if replica is None else replica
         if stage >= self.cfg.pp:
             lanes = max(1, self.cfg.encoder_gpus // self.cfg.encoder_tp)
-            return self.llm_gpus() + (d * lanes // self.cfg.dp) * self.cfg.encoder_tp
-        return self.cfg.dp * self._offsets[stage] + d * self._widths[stage]
+            return self.llm_gpus() + (replica * lanes // self.cfg.dp) * self.cfg.encoder_tp
+        return self.cfg.dp * self._offsets[stage] + replica * self._widths[stage]
 
     def inside_node(self, stage_a: int, stage_b: int) -> bool:
-        g = self.sc.hardware.gpus_per_node
+        g = self.scenario.hardware.gpus_per_node
         return self.stage_gpu(stage_a) // g == self.stage_gpu(stage_b) // g
 
     def _block_inside_node(self, first_gpu: int, gpus: int) -> bool:
-        g = self.sc.hardware.gpus_per_node
+        g = self.scenario.hardware.gpus_per_node
         return first_gpu // g == (first_gpu + max(gpus, 1) - 1) // g
 
     # -- LLM ------------------------------------------------------------------------------
@@ -151,17 +147,18 @@ class StepPricer:
         stage without interleaving; vectorized, cached)."""
         last = stage == len(self.chunk_layers) - 1
         layers = self.chunk_layers[stage]
-        key = ("llm", self._key, layers, last, phase, self.cfg.tp, self.cfg.recompute)
-        cached = self.d.arrays.get(key)
-        if cached is None:
-            calls, s1, s2 = self.d.llm_moments(*self._key)
-            cached = self.cost.batch_seconds(self.sc.llm, calls, s1, s2, layers,
-                                             self.cfg.tp, phase, self.cfg.recompute)
+        key = LlmTableKey(phase, self._key, layers, last, self.cfg.tp, self.cfg.recompute)
+
+        def make() -> np.ndarray:
+            calls, s1, s2 = self.data.llm_moments(*self._key)
+            seconds = self.cost.batch_seconds(self.scenario.llm, calls, s1, s2, layers,
+                                              self.cfg.tp, phase, self.cfg.recompute)
             if last:
-                cached = cached + np.array([self.cost.logits_seconds(
-                    self.sc.llm, float(t), self.cfg.tp, phase) for t in s1])
-            self.d.arrays[key] = cached
-        return cached
+                seconds = seconds + np.array([self.cost.logits_seconds(
+                    self.scenario.llm, float(t), self.cfg.tp, phase) for t in s1])
+            return seconds
+
+        return self.data.llm_tables.get(key, make)
 
     def llm_seconds(self, m: int, stage: int, phase: str) -> float:
         return float(self.llm_seconds_all(stage, phase)[m])
@@ -174,16 +171,17 @@ class StepPricer:
         program order, each chunk holding its own layers' bytes."""
         last = stage == len(self.chunk_layers) - 1
         layers = self.chunk_layers[stage]
-        key = ("act", self._key, layers, last, self.cfg.tp, self.cfg.recompute)
-        cached = self.d.arrays.get(key)
-        if cached is None:
-            _, tokens, _ = self.d.llm_moments(*self._key)
-            cached = self.cost.activation_bytes(self.sc.llm, tokens, layers,
-                                                self.cfg.tp, self.cfg.recompute)
+        key = LlmTableKey("act", self._key, layers, last, self.cfg.tp, self.cfg.recompute)
+
+        def make() -> np.ndarray:
+            _, tokens, _ = self.data.llm_moments(*self._key)
+            held = self.cost.activation_bytes(self.scenario.llm, tokens, layers,
+                                              self.cfg.tp, self.cfg.recompute)
             if last:
-                cached = cached + self.cost.logits_bytes(self.sc.llm, tokens, self.cfg.tp)
-            self.d.arrays[key] = np.asarray(cached, dtype=np.float64)
-        return cached
+                held = held + self.cost.logits_bytes(self.scenario.llm, tokens, self.cfg.tp)
+            return np.asarray(held, dtype=np.float64)
+
+        return self.data.llm_tables.get(key, make)
 
     def llm_activation_bytes(self, m: int, stage: int) -> float:
         return float(self.llm_activation_all(stage)[m])
@@ -192,7 +190,7 @@ class StepPricer:
         """Weights, gradients and optimizer state of a stage, the input embedding on the
         first stage and the (untied) output head on the last (both at PP1), plus the
         recompute working set of the largest microbatch when the LLM recomputes."""
-        llm = self.sc.llm
+        llm = self.scenario.llm
         params = self.layers[stage] * llm.params_per_layer
         head = llm.embedding_params / 2
         if stage == 0:
@@ -202,7 +200,7 @@ class StepPricer:
         static = (self.cost.param_bytes(params, self.stage_width(stage), self.cfg.dp)
                   + self.cost.runtime_overhead_bytes)
         if self.cfg.recompute and self.layers[stage]:
-            _, tokens, _ = self.d.llm_moments(*self._key)
+            _, tokens, _ = self.data.llm_moments(*self._key)
             static += self.cost.recompute_working_bytes(llm, float(tokens.max(initial=0.0)),
                                                         self.cfg.tp)
         return static
@@ -212,11 +210,11 @@ class StepPricer:
                   batch_tokens: float) -> tuple[list[WorkItem], float]:
         """LSSP work items of these samples' encoder calls, and the backward / forward
         seconds ratio over them (GEMMs 2x, attention 2.5x, plus a recomputed forward)."""
-        enc = self.sc.encoder
-        idx = [i for i in indices if self.d.enc_tokens[i] > 0]
+        enc = self.scenario.encoder
+        idx = [i for i in indices if self.data.enc_tokens[i] > 0]
         if not idx:
             return [], self.cost.backward_factor
-        lens = self.d.enc_tokens[idx]
+        lens = self.data.enc_tokens[idx]
         fwd, bwd = self.cost.stack_fwd_bwd_each(enc, lens, enc.layers, tp,
                                                 self.cfg.encoder_recompute, batch_tokens)
         mem = self.cost.activation_bytes(enc, lens, enc.layers, tp, self.cfg.encoder_recompute)
@@ -228,29 +226,23 @@ class StepPricer:
         """``WorkItem.alltoall_seconds``: per layer four all-to-alls (Q, K, V in, the output
         back; Jacobs et al. 2023, DeepSpeed-Ulysses) of the call's ``l x hidden / tp`` bf16
         activations, forward only (the backward's mirror is in the backward factor)."""
-        enc = self.sc.encoder
+        enc = self.scenario.encoder
         return enc.layers * 4 * lens * enc.hidden * BYTES_BF16 / tp / \
-            self.sc.hardware.nvlink_bytes_per_s
+            self.scenario.hardware.nvlink_bytes_per_s
 
     def enc_static_bytes(self, tp: int, replicas: int) -> float:
-        return self.cost.param_bytes(self.sc.encoder.total_params, tp, replicas)
+        return self.cost.param_bytes(self.scenario.encoder.total_params, tp, replicas)
 
     def enc_working_bytes(self, tp: int, indices: Sequence[int]) -> float:
         """Encoder recompute's transient working set: one layer of the largest call."""
         if not self.cfg.encoder_recompute or not len(indices):
             return 0.0
         return self.cost.recompute_working_bytes(
-            self.sc.encoder, float(self.d.enc_tokens[list(indices)].max(initial=0.0)), tp)
+            self.scenario.encoder, float(self.data.enc_tokens[list(indices)].max(initial=0.0)), tp)
 
     # -- build ----------------------------------------------------------------------------
-    def _schedule(self, key: tuple, make) -> Schedule:
-        """Schedules are immutable and depend only on their shape: build each shape once."""
-        if key not in self.d.schedules:
-            self.d.schedules[key] = make()
-        return self.d.schedules[key]
-
-    def build(self) -> _Priced:
-        if self.system == "omni" and "multiplexing" in self.off:
+    def build(self) -> PricedStep:
+        if self.system == "omni" and "multiplexing" in self.omni_off:
             return self._disaggregated()
         return {"megatron": self._megatron, "disaggregated": self._disaggregated,
                 "omni": self._omni}[self.system]()
@@ -268,7 +260,7 @@ class StepPricer:
         output head on the first or last stage) over the ``dp`` replicas, one contiguous
         block of ``dp * width`` GPUs."""
         width = self.stage_width(stage)
-        llm = self.sc.llm
+        llm = self.scenario.llm
         params = self.layers[stage] * llm.params_per_layer
         params += llm.embedding_params / 2 * ((stage == 0) + (stage == self.cfg.pp - 1))
         nbytes = params * BYTES_BF16 / self.cfg.tp
@@ -279,13 +271,13 @@ class StepPricer:
     def _common(self, sched: Schedule, enc_fwd: dict[tuple[int, int], float],
                 enc_bwd: dict[tuple[int, int], float], enc_mem: dict[tuple[int, int], float],
                 static: list[float], transfer_extra, grad_seconds: list[float],
-                exchange_seconds: float = 0.0) -> _Priced:
+                exchange_seconds: float = 0.0) -> PricedStep:
         stages = range(len(self.chunk_layers))  # virtual stages
         llm_f = [self.llm_seconds_all(s, "fwd") for s in stages]
         llm_b = [self.llm_seconds_all(s, "bwd") for s in stages]
         act = [self.llm_activation_all(s) for s in stages]
-        hidden_bytes = self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp
-        _, mb_tokens, _ = self.d.llm_moments(*self._key)
+        hidden_bytes = self.scenario.llm.hidden * BYTES_BF16 / self.cfg.tp
+        _, mb_tokens, _ = self.data.llm_moments(*self._key)
 
         def compute(rank: int, a: Action) -> float:
             if a.kind == Kind.LLM_FWD:
@@ -314,28 +306,28 @@ class StepPricer:
             return exchange_seconds if a.payload == Payload.SAMPLES else grad_seconds[rank]
 
         costs = StepCosts(compute, transfer, collective, memory, lambda r: static[r],
-                          self.sc.hardware.memory_cap_bytes)
-        return _Priced(sched, costs, llm_f, llm_b, act, enc_fwd, enc_bwd, enc_mem, static,
+                          self.scenario.hardware.memory_cap_bytes)
+        return PricedStep(sched, costs, llm_f, llm_b, act, enc_fwd, enc_bwd, enc_mem, static,
                        [g + exchange_seconds for g in grad_seconds])
 
     def _feature_seconds(self, indices: Sequence[int], inside: bool) -> float:
         """Encoder features (or their gradients) of these samples: their LLM tokens x hidden
         bf16, split over the receiving stage's TP ranks."""
-        tokens = float(self.d.enc_llm_tokens[list(indices)].sum()) if len(indices) else 0.0
+        tokens = float(self.data.enc_llm_tokens[list(indices)].sum()) if len(indices) else 0.0
         if tokens <= 0:
             return 0.0
-        return self.cost.p2p_seconds(tokens * self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp,
-                                     inside)
+        nbytes = tokens * self.scenario.llm.hidden * BYTES_BF16 / self.cfg.tp
+        return self.cost.p2p_seconds(nbytes, inside)
 
-    def _megatron(self) -> _Priced:
-        cfg, enc = self.cfg, self.sc.encoder
+    def _megatron(self) -> PricedStep:
+        cfg, enc = self.cfg, self.scenario.encoder
         etp = self.stage_width(0)
-        sched = self._schedule(("encoder_first_stage", cfg.pp, self.num_mb, cfg.vpp),
-                               lambda: self._interleaved(encoder_first_stage(
-                                   cfg.pp, self.num_mb, grad_sync=True)))
+        sched = self.data.schedules.get(
+            ScheduleKey("encoder_first_stage", cfg.pp, self.num_mb, cfg.vpp),
+            lambda: self._interleaved(encoder_first_stage(cfg.pp, self.num_mb, grad_sync=True)))
         enc_fwd, enc_bwd, enc_mem = {}, {}, {}
         for m, mb in enumerate(self.mbs):
-            lens = self.d.enc_tokens[mb]
+            lens = self.data.enc_tokens[mb]
             lens = lens[lens > 0]
             enc_fwd[0, m] = self.cost.stack_seconds(enc, lens, enc.layers, etp, "fwd")
             enc_bwd[0, m] = self.cost.stack_seconds(enc, lens, enc.layers, etp, "bwd",
@@ -351,35 +343,31 @@ class StepPricer:
         return self._common(sched, enc_fwd, enc_bwd, enc_mem, static, lambda r, a: 0.0,
                             [self._grad_seconds([g]) for g in grads])
 
-    def _disaggregated(self) -> _Priced:
-        cfg, enc = self.cfg, self.sc.encoder
-        sched = self._schedule(
-            ("encoder_disaggregated", cfg.pp, self.num_mb, cfg.vpp),
+    def _disaggregated(self) -> PricedStep:
+        cfg, enc = self.cfg, self.scenario.encoder
+        sched = self.data.schedules.get(
+            ScheduleKey("encoder_disaggregated", cfg.pp, self.num_mb, cfg.vpp),
             lambda: encoder_disaggregated(cfg.pp, self.num_mb, grad_sync=True) if cfg.vpp == 1
             else build_interleaved("encoder_disaggregated", cfg.pp, self.num_mb, cfg.vpp,
                                    grad_sync=True))
         enc_rank = cfg.pp
         lanes_total = cfg.encoder_gpus // cfg.encoder_tp
         lanes = lanes_total / cfg.dp
-        cap = self.sc.hardware.memory_cap_bytes
+        cap = self.scenario.hardware.memory_cap_bytes
         # Omni's ablation without multiplexing keeps LSSP inside the pool's lanes.
         heads = enc.heads // cfg.encoder_tp if self.system == "omni" and \
-            "lssp" not in self.off else 1
+            "lssp" not in self.omni_off else 1
         enc_fwd, enc_bwd, enc_mem = {}, {}, {}
         width = max(1, int(lanes))
         scale = width / lanes
         for m, mb in enumerate(self.mbs):
-            key = ("disagg", self._key, m, cfg.encoder_tp, width, heads, cfg.encoder_recompute)
-            if key not in self.d.splits:
-                tokens = float(self.d.enc_tokens[mb].sum())
-                items, ratio = self.enc_items(mb, cfg.encoder_tp, max(tokens / width, 1.0))
-                split = split_microbatch(items, width, heads, cap, m)
-                self.d.splits[key] = (split.makespan, split.makespan * ratio,
-                                      max(split.peak_memory_bytes, default=0.0))
-            t, tb, b = self.d.splits[key]
-            enc_fwd[enc_rank, m] = t * scale
-            enc_bwd[enc_rank, m] = tb * scale
-            enc_mem[enc_rank, m] = b * scale
+            key = SplitKey("pool", self._key, m, -1, 0, cfg.encoder_tp, width, heads,
+                           cfg.encoder_recompute, False)
+            split = self.data.encoder_splits.get(
+                key, partial(self._encoder_split, mb, width, heads, cap, m))
+            enc_fwd[enc_rank, m] = split.fwd_seconds * scale
+            enc_bwd[enc_rank, m] = split.bwd_seconds * scale
+            enc_mem[enc_rank, m] = split.peak_bytes * scale
         static = [self.llm_static_bytes(s) for s in range(cfg.pp)]
         static.append(self.enc_static_bytes(cfg.encoder_tp, lanes_total)
                       + self.cost.runtime_overhead_bytes
@@ -399,57 +387,63 @@ class StepPricer:
             grads = [g + exchange for g in grads]
         return self._common(sched, enc_fwd, enc_bwd, enc_mem, static, transfer, grads)
 
+    def _encoder_split(self, samples: Sequence[int], lanes: int, heads: int, cap: float,
+                       microbatch: int) -> EncoderSplit:
+        """LSSP split of these samples' encoder work over ``lanes`` encoder replicas."""
+        tokens = float(self.data.enc_tokens[list(samples)].sum())
+        items, ratio = self.enc_items(samples, self.cfg.encoder_tp, max(tokens / lanes, 1.0))
+        split = split_microbatch(items, lanes, heads, cap, microbatch)
+        return EncoderSplit(split.makespan, split.makespan * ratio,
+                            max(split.peak_memory_bytes, default=0.0))
+
+    def _encoder_assignment(self, uniform: bool) -> EncoderAssignment:
+        """Which samples of each microbatch every pipeline rank encodes."""
+        pp = self.cfg.pp
+        costs = [[float(self.data.enc_unit[i]) for i in mb] for mb in self.mbs]
+        if uniform:
+            # the runtime's own call (runtime.engine.build_plan): stage 0 runs its share
+            # inline, so it keeps its share of the drain microbatches too
+            return EncoderAssignment(*assign_encoder_samples(costs, pp, skip_stage0_drain=False))
+        # ablation: stage 0 runs all of it (over its encoder lanes)
+        samples = [[tuple(i for i, c in enumerate(row) if c > 0)] + [()] * (pp - 1)
+                   for row in costs]
+        shares = [[1.0 if any(row) else 0.0] + [0.0] * (pp - 1) for row in costs]
+        return EncoderAssignment(samples, shares)
+
     def _exchange_seconds(self) -> float:
         """Grouped reordering's sample all-to-all inside a locality group of replicas."""
-        group = min(self.cfg.dp, self.sc.reorder_group_replicas)
-        self.d.replicas("omni", self.cfg.dp)
-        return self.cost.exchange_seconds(self.d.exchange_bytes.get(self.cfg.dp, 0.0), group,
+        group = min(self.cfg.dp, self.scenario.reorder_group_replicas)
+        self.data.replicas("omni", self.cfg.dp)
+        return self.cost.exchange_seconds(self.data.exchange_bytes.get(self.cfg.dp, 0.0), group,
                                           inside_node=False)
 
-    def _omni(self) -> _Priced:
-        cfg, enc = self.cfg, self.sc.encoder
+    def _omni(self) -> PricedStep:
+        cfg, enc = self.cfg, self.scenario.encoder
         pp, lanes = cfg.pp, cfg.tp // cfg.encoder_tp
-        heads = 1 if "lssp" in self.off else enc.heads // cfg.encoder_tp
-        uniform = "uniform_insertion" not in self.off
-        cap = self.sc.hardware.memory_cap_bytes * self.sc.lssp_memory_fraction
+        heads = 1 if "lssp" in self.omni_off else enc.heads // cfg.encoder_tp
+        uniform = "uniform_insertion" not in self.omni_off
+        cap = self.scenario.hardware.memory_cap_bytes * self.scenario.lssp_memory_fraction
         enc_fwd, enc_bwd, enc_mem = {}, {}, {}
         rank_samples: dict[tuple[int, int], tuple[int, ...]] = {}
-        spread_key = ("assign", self._key, pp, uniform)
-        if spread_key not in self.d.spreads:
-            costs = [[float(self.d.enc_unit[i]) for i in mb] for mb in self.mbs]
-            if uniform:
-                # the runtime's own call (runtime.engine.build_plan): stage 0 runs its share
-                # inline, so it keeps its share of the drain microbatches too
-                samples, shares = assign_encoder_samples(costs, pp, skip_stage0_drain=False)
-            else:  # ablation: stage 0 runs all of it (over its encoder lanes)
-                samples = [[tuple(i for i, c in enumerate(row) if c > 0)] + [()] * (pp - 1)
-                           for row in costs]
-                shares = [[1.0 if any(row) else 0.0] + [0.0] * (pp - 1) for row in costs]
-            self.d.spreads[spread_key] = (samples, shares)
-        samples, shares = self.d.spreads[spread_key]
+        samples, shares = self.data.encoder_assignments.get(
+            AssignKey(self._key, pp, uniform), lambda: self._encoder_assignment(uniform))
         for m, mb in enumerate(self.mbs):
             for r, local in enumerate(samples[m]):
                 if not local:
                     continue
                 assigned = tuple(mb[i] for i in local)
-                key = ("omni", self._key, pp, m, r, cfg.encoder_tp, lanes, heads,
-                       cfg.encoder_recompute, uniform)
-                if key not in self.d.splits:
-                    tokens = float(self.d.enc_tokens[list(assigned)].sum())
-                    items, ratio = self.enc_items(assigned, cfg.encoder_tp,
-                                                  max(tokens / lanes, 1.0))
-                    split = split_microbatch(items, lanes, heads, cap, m)
-                    self.d.splits[key] = (split.makespan, split.makespan * ratio,
-                                          max(split.peak_memory_bytes))
-                enc_fwd[r, m], enc_bwd[r, m], enc_mem[r, m] = self.d.splits[key]
+                key = SplitKey("stage", self._key, m, r, pp, cfg.encoder_tp, lanes, heads,
+                               cfg.encoder_recompute, uniform)
+                enc_fwd[r, m], enc_bwd[r, m], enc_mem[r, m] = self.data.encoder_splits.get(
+                    key, partial(self._encoder_split, assigned, lanes, heads, cap, m))
                 rank_samples[r, m] = assigned
         exchange_on = cfg.dp > 1 and self.replica_kind == "omni"
-        sched = self._schedule(("uniform_insertion", self._key, pp, uniform, exchange_on,
-                                cfg.vpp),
-                               lambda: self._interleaved(uniform_insertion(
-                                   pp, self.num_mb, shares, grad_sync=True,
-                                   sample_exchange=exchange_on, samples=samples,
-                                   inline_stage0=True)))
+        sched = self.data.schedules.get(
+            ScheduleKey("uniform_insertion", pp, self.num_mb, cfg.vpp, self._key, uniform,
+                        exchange_on),
+            lambda: self._interleaved(uniform_insertion(
+                pp, self.num_mb, shares, grad_sync=True, sample_exchange=exchange_on,
+                samples=samples, inline_stage0=True)))
         replicas = cfg.dp * pp * lanes
         all_samples = [i for mb in self.mbs for i in mb]
         static = [self.llm_static_bytes(s) + self.enc_static_bytes(cfg.encoder_tp, replicas)
@@ -470,18 +464,31 @@ class StepPricer:
                             exchange)
 
 
-def price_replicas(system: str, data: StepData, config: ParallelConfig,
-                   replicas: Sequence[int] | None = None
-                   ) -> list[tuple[int, float, list[float], _Priced]]:
-    """(replica, estimated seconds, exact peak bytes per rank, prices) of the given (default:
-    all) replicas."""
-    from .search import estimate_priced, rank_peaks  # the closed forms live with the search
+class PricedReplica(NamedTuple):
+    """One DP replica's prices and what the closed forms make of them."""
 
+    replica: int
+    estimate_seconds: float
+    peak_bytes: list[float]  # exact, per rank
+    priced: PricedStep
+
+
+class SimulatedReplica(NamedTuple):
+    replica: int
+    priced: PricedStep
+    result: SimResult
+
+
+def price_replicas(system: str, data: StepData, config: ParallelConfig,
+                   replicas: Sequence[int] | None = None) -> list[PricedReplica]:
+    """The given (default: all) replicas, priced and estimated."""
     out = []
     for r in range(config.dp) if replicas is None else replicas:
         pricer = StepPricer(data, system, config, r)
         pr = pricer.build()
-        out.append((r, estimate_priced(pricer, pr), rank_peaks(pricer, pr), pr))
+        out.append(PricedReplica(r, estimate_seconds(pr, pricer.num_mb),
+                                 peak_bytes(pr, data.memory_traces(pr.schedule),
+                                            pricer.num_mb), pr))
     return out
 
 
@@ -496,21 +503,23 @@ def predict(system: str, scenario: Scenario, config: ParallelConfig,
     data = data or StepData(scenario, cost)
     _check_config(system, scenario, config)
     priced = price_replicas(system, data, config)
-    order = sorted(priced, key=lambda x: (-x[1], x[0]))
+    order = sorted(priced, key=lambda x: (-x.estimate_seconds, x.replica))
     chosen = order if simulate_replicas is None else order[:max(1, simulate_replicas)]
-    sims = [(r, pr, simulate(pr.schedule, pr.costs, record_timeline=record_timeline))
-            for r, _, _, pr in chosen]
-    slowest_r, slowest_pr, slowest = max(sims, key=lambda x: (x[2].step_seconds, -x[0]))
+    sims = [SimulatedReplica(x.replica, x.priced, simulate(
+        x.priced.schedule, x.priced.costs, record_timeline=record_timeline)) for x in chosen]
+    slowest_r, slowest_pr, slowest = max(
+        sims, key=lambda x: (x.result.step_seconds, -x.replica))
     # peak memory per rank over every replica (each replica's own schedule and prices)
-    peaks = [max(p[2][rank] for p in priced) for rank in range(slowest_pr.schedule.num_ranks)]
+    peaks = [max(p.peak_bytes[rank] for p in priced)
+             for rank in range(slowest_pr.schedule.num_ranks)]
     cap = scenario.hardware.memory_cap_bytes
     tokens = scenario.global_batch * scenario.seq_len
     step = slowest.step_seconds
     return Prediction(system, scenario.name, config, step, tokens / step if step else 0.0,
                       tuple(p / 1e9 for p in peaks), any(p > cap for p in peaks),
                       slowest.busy_fraction, slowest_pr.schedule, slowest, slowest_r,
-                      len(sims), tuple(s.step_seconds for _, _, s in sorted(
-                          sims, key=lambda x: x[0])))
+                      len(sims), tuple(s.result.step_seconds for s in sorted(
+                          sims, key=lambda x: x.replica)))
 
 
 def _check_config(system: str, scenario: Scenario, cfg: ParallelConfig) -> None:

@@ -13,11 +13,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from lightning_omnilab.validate import is_int
 
 from .costs import CostModel, _require
+from .priced import PricedStep, estimate_seconds, peak_bytes
 from .pricing import StepPricer, _stage_layers, predict
 from .scenario import SYSTEMS, ParallelConfig, Prediction, Scenario
 from .step_data import StepData
@@ -152,9 +151,9 @@ class SearchResult:
 
 def static_memory_fits(pricer: StepPricer) -> bool:
     """Weights, gradients and optimizer state alone fit: a cheap first filter of the grid."""
-    cfg, cap = pricer.cfg, pricer.sc.hardware.memory_cap_bytes
+    cfg, cap = pricer.cfg, pricer.scenario.hardware.memory_cap_bytes
     stage0 = pricer.llm_static_bytes(0)
-    pooled = pricer.system == "disaggregated" or "multiplexing" in pricer.off
+    pooled = pricer.system == "disaggregated" or "multiplexing" in pricer.omni_off
     if pooled:
         pool = (pricer.enc_static_bytes(cfg.encoder_tp, cfg.encoder_gpus // cfg.encoder_tp)
                 + pricer.cost.runtime_overhead_bytes)
@@ -168,27 +167,10 @@ def static_memory_fits(pricer: StepPricer) -> bool:
     return stage0 <= cap and pricer.llm_static_bytes(cfg.pp - 1) <= cap
 
 
-def rank_peaks(pricer: StepPricer, pr=None) -> list[float]:
-    """Exact peak bytes of every rank of one replica: static memory plus the largest running
-    sum of activation deltas in program order (what the simulator also computes)."""
+def rank_peaks(pricer: StepPricer, pr: PricedStep | None = None) -> list[float]:
+    """Exact peak bytes of every rank of one replica (``priced.peak_bytes``)."""
     pr = pr or pricer.build()
-    sched = pr.schedule
-    traces = pricer.d.memory_traces(sched)
-    n = pricer.num_mb
-    enc_mem: dict[int, np.ndarray] = {}
-    for (r, m), b in pr.enc_mem.items():
-        enc_mem.setdefault(r, np.zeros(n))[m] = b
-    zeros = np.zeros(n)
-    acts = np.stack(pr.llm_act)  # [virtual stage, microbatch]
-    peaks = []
-    for rank in range(sched.num_ranks):
-        is_llm, mbs, signs, stages = traces[rank]
-        if mbs.size:
-            deltas = np.where(is_llm, acts[stages, mbs], enc_mem.get(rank, zeros)[mbs]) * signs
-            peaks.append(pr.static[rank] + max(0.0, float(np.cumsum(deltas).max())))
-        else:
-            peaks.append(pr.static[rank])
-    return peaks
+    return peak_bytes(pr, pricer.data.memory_traces(pr.schedule), pricer.num_mb)
 
 
 def estimate(pricer: StepPricer) -> tuple[float, float]:
@@ -202,25 +184,9 @@ def estimate(pricer: StepPricer) -> tuple[float, float]:
     return estimate_priced(pricer, pr), max(rank_peaks(pricer, pr))
 
 
-def estimate_priced(pricer: StepPricer, pr) -> float:
+def estimate_priced(pricer: StepPricer, pr: PricedStep) -> float:
     """The time part of ``estimate`` for an already built replica."""
-    sched = pr.schedule
-    n = pricer.num_mb
-    enc_work: dict[int, float] = {}
-    for (r, m), t in pr.enc_fwd.items():
-        enc_work[r] = enc_work.get(r, 0.0) + t + pr.enc_bwd.get((r, m), 0.0)
-    work = []
-    p = sched.num_stages
-    for rank in range(sched.num_ranks):
-        stage = sched.stage_of(rank)
-        busy = enc_work.get(rank, 0.0) + pr.collective_seconds[rank]
-        if stage >= 0:  # every virtual stage (model chunk) of this rank
-            busy += sum(pr.llm_fwd[k].sum() + pr.llm_bwd[k].sum()
-                        for k in range(stage, len(pr.llm_fwd), p))
-        work.append(float(busy))
-    slowest = max(work)
-    # warm-up and drain: (p - 1) of v * n chunk slots (Narayanan et al. 2021, sec. 2.2.2)
-    return slowest + (p - 1) * slowest / max(n * sched.num_chunks, 1)
+    return estimate_seconds(pr, pricer.num_mb)
 
 
 def screen(system: str, data: StepData, cfg: ParallelConfig,

@@ -14,6 +14,15 @@ from .costs import CostModel, SampleMeta
 from .reorder import Item, plan_reorder
 from .scenario import Scenario
 from .schedule import COMPUTE_KINDS, Action, Kind, Schedule
+from .step_cache import (
+    AssignKey,
+    EncoderAssignment,
+    EncoderSplit,
+    LlmTableKey,
+    Memo,
+    ScheduleKey,
+    SplitKey,
+)
 from .workload import draw_samples, pack_sequences
 
 PATCH_BYTES = 14 * 14 * 3
@@ -60,12 +69,14 @@ class StepData:
                          + cost.stack_seconds_each(llm, self.llm_tokens, llm.layers, phase="bwd",
                                                    batch_tokens=nominal))
         self._replicas: dict[tuple[str, int], list[list[list[int]]]] = {}
-        self.arrays: dict[tuple, np.ndarray] = {}
-        self.schedules: dict[tuple, Schedule] = {}
+        self._moments: dict[tuple[str, int, int], np.ndarray] = {}
         self.traces: dict[int, list[tuple[np.ndarray, ...]]] = {}
-        self.splits: dict[tuple, tuple[float, float]] = {}
-        self.spreads: dict[tuple, tuple] = {}  # per replica: encoder samples and shares
         self._screen: dict[tuple, tuple[int, ...]] = {}
+        # what pricing shares between layouts (``step_cache``)
+        self.llm_tables: Memo[LlmTableKey, np.ndarray] = Memo()
+        self.schedules: Memo[ScheduleKey, Schedule] = Memo()
+        self.encoder_splits: Memo[SplitKey, EncoderSplit] = Memo()
+        self.encoder_assignments: Memo[AssignKey, EncoderAssignment] = Memo()
 
     def memory_traces(self, schedule: Schedule) -> list[tuple[np.ndarray, np.ndarray,
                                                             np.ndarray, np.ndarray]]:
@@ -124,12 +135,12 @@ class StepData:
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per microbatch of one replica: samples, sum and sum of squares of their LLM
         lengths (document-masked attention is per sample)."""
-        key = ("moments", kind, dp, replica)
-        if key not in self.arrays:
+        key = (kind, dp, replica)
+        if key not in self._moments:
             mbs = self.replicas(kind, dp)[replica]
             lens = [self.llm_tokens[mb] for mb in mbs]
-            self.arrays[key] = np.array([[len(x), x.sum(), (x * x).sum()] for x in lens]).T
-        calls, s1, s2 = self.arrays[key]
+            self._moments[key] = np.array([[len(x), x.sum(), (x * x).sum()] for x in lens]).T
+        calls, s1, s2 = self._moments[key]
         return calls, s1, s2
 
     def screen_replicas(self, kind: str, dp: int) -> tuple[int, ...]:

@@ -34,8 +34,8 @@ PLANTS = [
   "    backward_factor: float = 2.0\n    attention_backward_factor: float = 2.5",
   "    backward_factor: float = 1.0\n    attention_backward_factor: float = 1.0"),
  ("lightest replica simulated", "lightning_omni/plan/pricing.py",
-  "    slowest_r, slowest_pr, slowest = max(sims, key=lambda x: (x[2].step_seconds, -x[0]))",
-  "    slowest_r, slowest_pr, slowest = min(sims, key=lambda x: (x[2].step_seconds, -x[0]))"),
+  "    slowest_r, slowest_pr, slowest = max(\n",
+  "    slowest_r, slowest_pr, slowest = min(\n"),
  ("lightest replica simulated (bounded path)", "lightning_omni/plan/pricing.py",
   "    chosen = order if simulate_replicas is None else order[:max(1, simulate_replicas)]",
   "    chosen = order[-1:]"),
@@ -44,7 +44,7 @@ PLANTS = [
   "        return 0.0"),
  ("free Ulysses all-to-all", "lightning_omni/plan/pricing.py",
   "        return enc.layers * 4 * lens * enc.hidden * BYTES_BF16 / tp / \\\n"
-  "            self.sc.hardware.nvlink_bytes_per_s",
+  "            self.scenario.hardware.nvlink_bytes_per_s",
   "        return 0.0 * lens"),
  ("free Ulysses all-to-all (sp_seconds)", "lightning_omni/plan/lssp.py",
   "        return self.seconds / degree + self.alltoall_seconds * (degree - 1) / degree**2",
@@ -57,11 +57,10 @@ PLANTS = [
   "            if a.payload in (Payload.ACTIVATION, Payload.GRADIENT) and a.chunk:\n"
   "                return 0.0\n"
   "            if a.payload in (Payload.ACTIVATION, Payload.GRADIENT):\n"),
- ("chunk activations by physical stage", "lightning_omni/plan/search.py",
-  "acts[stages, mbs]", "acts[stages % sched.num_stages, mbs]"),
+ ("chunk activations by physical stage", "lightning_omni/plan/priced.py",
+  "acts[stages, mbs]", "acts[stages % pr.schedule.num_stages, mbs]"),
  ("free feature transfers", "lightning_omni/plan/pricing.py",
-  "        return self.cost.p2p_seconds(tokens * self.sc.llm.hidden * BYTES_BF16 / self.cfg.tp,"
-  "\n                                     inside)",
+  "        return self.cost.p2p_seconds(nbytes, inside)",
   "        return 0.0"),
  ("H100 NVLink counted in both directions", "lightning_omni/plan/costs.py",
   "H100_80G = Hardware(\"H100-SXM-80G\", peak_flops=989e12, hbm_bytes=80e9,\n"
