@@ -18,7 +18,17 @@ Unless ``--epochs`` is given, the update's epochs are chosen from the measured c
 update times so that the two are as close as the whole numbers allow (the overlap can gain at
 most 2x when they are equal); the JSON records the ratio.
 
+- ``h2d_copy_ms``: with the learner on a GPU (``--accelerator gpu``), one slot's tensors copied
+  to the device from the ring (pinned, non-blocking) and from ordinary memory, for comparison.
+
+The seed's figures for its training-cycle end (G1, 4096 envs, T=24, the same MLP: UniLab
+39.25 ms with CPU simulation and a GPU learner; UniLab + MJWarp 102.37 ms and Holosoma + MJWarp
+94.61 ms with both on one GPU) are printed beside the measured cycles. ``--num-envs`` defaults to
+4096 where memory allows (1024 otherwise), as the seed's shape; on a 2-core machine a 4096-env
+rollout takes about a minute, so pass ``--num-envs 1024 --steps 4`` there.
+
     flock /tmp/omnilab-bench.lock python benchmarks/rl_cycle.py [--quick] --out FILE.json
+    python benchmarks/rl_cycle.py --accelerator gpu --out FILE.json      # the learner on a GPU
 """
 
 from __future__ import annotations
@@ -46,6 +56,9 @@ TASK = "g1-walk-flat"
 HIDDEN = (512, 256, 128)
 MINIBATCHES = 4
 TARGETS = {"async_vs_max": 1.15, "sync_vs_async": 1.5, "copy_vs_update": 0.05, "balance": 0.3}
+# the seed's training-cycle end, ms (G1, 4096 envs, T=24, MLP 512-256-128)
+SEED_CYCLE_MS = {"UniLab (CPU sim, GPU learner)": 39.25, "UniLab + MJWarp (one GPU)": 102.37,
+                 "Holosoma + MJWarp (one GPU)": 94.61}
 
 
 class CycleTimer(Callback):
@@ -92,8 +105,11 @@ class FixedSlot(pl.LightningDataModule):
         return DataLoader(_Repeat(self.batch), batch_size=None, collate_fn=lambda b: b)
 
 
+ACCELERATOR = "cpu"  # --accelerator: where the learner runs
+
+
 def _trainer(steps: int, epochs: int, timer: CycleTimer) -> pl.Trainer:
-    return pl.Trainer(accelerator="cpu", devices=1, max_steps=steps * epochs * MINIBATCHES,
+    return pl.Trainer(accelerator=ACCELERATOR, devices=1, max_steps=steps * epochs * MINIBATCHES,
                       max_epochs=-1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False,
                       callbacks=[timer])
@@ -128,9 +144,11 @@ def measure_update(batch: dict[str, Any], spec: RolloutSpec, epochs: int, reps: 
     return 1e3 * statistics.median(timer.updates[1:])
 
 
-def measure_cycle(mode: str, n: int, t: int, epochs: int, steps: int, warmup: int) -> dict:
+def measure_cycle(mode: str, n: int, t: int, epochs: int, steps: int, warmup: int,
+                  threads: int = 1) -> dict:
     timer = CycleTimer()
-    dm = RolloutDataModule(TASK, num_envs=n, horizon=t, mode=mode, collector_threads=1, seed=0)
+    dm = RolloutDataModule(TASK, num_envs=n, horizon=t, mode=mode, collector_threads=threads,
+                           seed=0)
     _trainer(steps + warmup, epochs, timer).fit(_module(epochs), datamodule=dm)
     gaps = [b - a for a, b in zip(timer.starts[warmup:-1], timer.starts[warmup + 1:],
                                   strict=True)]
@@ -141,6 +159,35 @@ def measure_cycle(mode: str, n: int, t: int, epochs: int, steps: int, warmup: in
             "collect_ms_in_run": 1e3 * statistics.median(timer.collect_s[warmup:])}
 
 
+def measure_h2d(batch: dict[str, Any], reps: int = 5) -> dict[str, float] | None:
+    """One slot's tensors to the GPU: from page-locked memory (non-blocking, as the learner's
+    ring slots) and from ordinary memory; None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    tensors = [v for v in batch.values() if isinstance(v, torch.Tensor)]
+    out = {}
+    for name, source in (("pinned", [t.pin_memory() for t in tensors]),
+                         ("pageable", [t.clone() for t in tensors])):
+        times = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for t in source:
+                t.to("cuda", non_blocking=name == "pinned")
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        out[f"h2d_{name}_ms"] = 1e3 * statistics.median(times)
+    out["slot_mb"] = sum(t.numel() * t.element_size() for t in tensors) / 1e6
+    return out
+
+
+def default_num_envs() -> int:
+    """The seed's 4096 where memory allows (a G1 env and its ring rows: ~0.5 MB), else 1024."""
+    import psutil
+
+    return 4096 if psutil.virtual_memory().available > 8e9 else 1024
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer envs and steps (~1 min)")
@@ -148,25 +195,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--horizon", type=int, default=24)
     parser.add_argument("--epochs", type=int, default=None, help="default: balance collect")
     parser.add_argument("--steps", type=int, default=None, help="measured training steps")
+    parser.add_argument("--collector-threads", type=int, default=1,
+                        help="physics threads of the collector (default 1: the 2-core split)")
+    parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu",
+                        help="where the learner runs (the collector always on CPU)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    n = args.num_envs or (128 if args.quick else 1024)
+    global ACCELERATOR
+    ACCELERATOR = args.accelerator
+    n = args.num_envs or (128 if args.quick else default_num_envs())
     t = args.horizon
     steps = args.steps or (6 if args.quick else 8)
     warmup = 2
     torch.set_num_threads(1)  # the learner's one core; the collector process takes the other
 
-    collect_ms, batch, spec = measure_collect(n, t, reps=3)
+    threads = args.collector_threads
+    collect_ms, batch, spec = measure_collect(n, t, reps=3, threads=threads)
     probe_epochs = 2
     probe_ms = measure_update(batch, spec, probe_epochs, reps=2)
     epochs = args.epochs or max(1, min(10, round(probe_epochs * collect_ms / probe_ms)))
     update_ms = measure_update(batch, spec, epochs, reps=3)
-    sync = measure_cycle("sync", n, t, epochs, steps, warmup)
-    async_ = measure_cycle("async", n, t, epochs, steps, warmup)
+    sync = measure_cycle("sync", n, t, epochs, steps, warmup, threads)
+    async_ = measure_cycle("async", n, t, epochs, steps, warmup, threads)
 
     result = {
         "task": TASK, "num_envs": n, "horizon": t, "epochs": epochs, "minibatches": MINIBATCHES,
-        "hidden": list(HIDDEN), "collector_threads": 1, "learner_threads": 1,
+        "hidden": list(HIDDEN), "collector_threads": threads, "learner_threads": 1,
         "collect_ms": collect_ms, "update_ms": update_ms,
         "update_vs_collect": update_ms / collect_ms,
         "sync_cycle_ms": sync["cycle_ms"], "async_cycle_ms": async_["cycle_ms"],
@@ -195,6 +249,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "async_vs_max_of_sync_run": result["async_cycle_ms"] / max(sync["collect_ms_in_run"],
                                                                    sync["update_ms_in_run"]),
     }
+    result["accelerator"] = args.accelerator
+    result["h2d"] = measure_h2d(batch)
+    result["seed_cycle_ms"] = SEED_CYCLE_MS
     _print(result)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -207,7 +264,9 @@ def _print(r: dict[str, Any]) -> None:
     verdict = {True: "ok", False: "MISSED", None: "not balanced"}
     rows = [
         ("config", f"{r['task']} N={r['num_envs']} T={r['horizon']} epochs={r['epochs']}x"
-                   f"{r['minibatches']} MLP {r['hidden']}, 1+1 threads"),
+                   f"{r['minibatches']} MLP {r['hidden']}, {r['collector_threads']}+1 threads, "
+                   f"learner on "
+                   f"{r['accelerator']}"),
         ("collect_ms (alone)", f"{r['collect_ms']:.1f}"),
         ("update_ms (alone)", f"{r['update_ms']:.1f}  "
                               f"(update/collect {r['update_vs_collect']:.2f})"),
@@ -228,6 +287,13 @@ def _print(r: dict[str, Any]) -> None:
         ("ring_copy / update", f"{c['copy_vs_update']:.4f}  (target <= 0.05: "
                                f"{'ok' if c['copy_vs_update_ok'] else 'MISSED'})"),
     ]
+    if r.get("h2d"):
+        h = r["h2d"]
+        rows.append(("h2d copy pinned/pageable", f"{h['h2d_pinned_ms']:.2f} / "
+                                                 f"{h['h2d_pageable_ms']:.2f} ms "
+                                                 f"({h['slot_mb']:.1f} MB slot)"))
+    for name, ms in r["seed_cycle_ms"].items():
+        rows.append((f"seed: {name}", f"{ms:.2f} ms at 4096 envs"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
