@@ -320,27 +320,65 @@ def assign_encoder_samples(sample_costs: Sequence[Sequence[float]], num_stages: 
     return samples, shares
 
 
-def uniform_insertion(num_stages: int, num_microbatches: int,
-                      shares: Sequence[Sequence[float]] | None = None,
-                      grad_sync: bool = False, sample_exchange: bool = False,
-                      samples: Sequence[Sequence[Sequence[int]]] | None = None,
-                      inline_stage0: bool = False) -> Schedule:
-    """Omni: each microbatch's encoder work is spread over the pipeline's ranks.
+class EncoderTiming(str, Enum):  # noqa: UP042 - requires-python allows 3.10 (no StrEnum)
+    """Where a rank's encoder work of microbatch m sits in its 1F1B program."""
 
-    ``shares[m][r]`` is rank r's fraction of microbatch m's encoder work (default:
-    ``default_shares``; a zero share means no action and no message). ``samples[m][r]`` names
-    the samples behind that share (``assign_encoder_samples`` makes both); with ``samples`` a
-    rank acts only where it has samples, so a microbatch without encoder input has no encoder
-    actions and no feature messages. Rank r computes
-    encoder forward of m before its LLM forward of m-P (so features reach stage 0 before its
-    F(m)) and encoder backward of m before its LLM forward of m+P (after stage 0's B(m)
-    returned the feature gradients). The last P microbatches' encoder backwards run in the
-    drain, after the rank's own B(m+r+1). ``sample_exchange`` starts every rank with the
-    grouped-reordering all-to-all. ``inline_stage0``: stage 0 runs its own share of m right
-    before its F(m) and right after its B(m) (its features need no message, so it need not
-    run ahead), holding about half the encoder activations it holds otherwise.
-    """
-    _check_sizes(num_stages, num_microbatches)
+    # forward of m before the rank's F(m-P), so the features reach stage 0 before its F(m);
+    # backward of m before F(m+P), after stage 0's B(m) returned the feature gradients; the
+    # last P microbatches' backwards in the drain, after the rank's own B(m+r+1)
+    AHEAD = "ahead"
+    # forward of m right before F(m), backward right after B(m): stage 0's own share needs
+    # no message, so it need not run ahead (and holds about half the encoder activations)
+    INLINE = "inline"
+
+
+@dataclass(frozen=True)
+class _EncoderWork:
+    """Who encodes what: ``shares[m][r]`` is rank r's fraction of microbatch m's encoder work,
+    ``samples[m][r]`` (if given) the samples behind it. A rank acts where it has samples (or,
+    without samples, a positive share), and only there are feature messages."""
+
+    num_stages: int
+    shares: Sequence[Sequence[float]]
+    samples: Sequence[Sequence[Sequence[int]]] | None
+
+    def works(self, r: int, m: int) -> bool:
+        return bool(self.samples[m][r]) if self.samples is not None else self.shares[m][r] > 0
+
+    def mine(self, r: int, m: int) -> tuple[int, ...]:
+        return tuple(self.samples[m][r]) if self.samples is not None else ()
+
+    def forward(self, r: int, m: int) -> list[Action]:
+        """Rank r's encoder forward of m and, off stage 0, its features to stage 0."""
+        if not self.works(r, m):
+            return []
+        share, mine = self.shares[m][r], self.mine(r, m)
+        out = [Action(Kind.ENC_FWD, m, r, share=share, samples=mine)]
+        if r != 0:
+            out.append(Action(Kind.SEND, m, r, 0, Payload.FEATURES, share, mine))
+        return out
+
+    def backward(self, r: int, m: int) -> list[Action]:
+        """Rank r's encoder backward of m, after (off stage 0) its feature gradients."""
+        if not self.works(r, m):
+            return []
+        share, mine = self.shares[m][r], self.mine(r, m)
+        out = []
+        if r != 0:
+            out.append(Action(Kind.RECV, m, r, 0, Payload.FEATURE_GRAD, share, mine))
+        return out + [Action(Kind.ENC_BWD, m, r, share=share, samples=mine)]
+
+    def stage0_messages(self, kind: Kind, payload: Payload, m: int) -> list[Action]:
+        """Stage 0's receives of m's features (or sends of their gradients), rank by rank."""
+        return [Action(kind, m, 0, peer, payload, self.shares[m][peer], self.mine(peer, m))
+                for peer in range(1, self.num_stages) if self.works(peer, m)]
+
+
+def _encoder_work(num_stages: int, num_microbatches: int,
+                  shares: Sequence[Sequence[float]] | None,
+                  samples: Sequence[Sequence[Sequence[int]]] | None) -> _EncoderWork:
+    """Check ``shares`` and ``samples`` (see ``uniform_insertion``); derive shares from sample
+    counts where only samples are given, else default to ``default_shares``."""
     p, n = num_stages, num_microbatches
     if samples is not None:
         _require(len(samples) == n, "samples", f"{n} rows (one per microbatch)", len(samples))
@@ -357,73 +395,72 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
         empty = samples is not None and not any(samples[m])
         _require(all(x >= 0 for x in row) and (empty or abs(sum(row) - 1.0) < 1e-6),
                  f"shares[{m}]", "non-negative entries summing to 1", list(row))
+    return _EncoderWork(p, shares, samples)
 
-    def works(r: int, m: int) -> bool:
-        return bool(samples[m][r]) if samples is not None else shares[m][r] > 0
 
-    def mine(r: int, m: int) -> tuple[int, ...]:
-        return tuple(samples[m][r]) if samples is not None else ()
-
+def _insertion_program(r: int, num_microbatches: int, work: _EncoderWork,
+                       timing: EncoderTiming, sample_exchange: bool) -> list[Action]:
+    """Rank r's 1F1B program with its encoder work inserted as ``timing`` says."""
+    p, n = work.num_stages, num_microbatches
     ranks = tuple(range(p))
-
-    def enc_fwd(r: int, m: int) -> list[Action]:
-        if not works(r, m):
-            return []
-        out = [Action(Kind.ENC_FWD, m, r, share=shares[m][r], samples=mine(r, m))]
-        if r != 0:
-            out.append(Action(Kind.SEND, m, r, 0, Payload.FEATURES, shares[m][r], mine(r, m)))
-        return out
-
-    def enc_bwd(r: int, m: int) -> list[Action]:
-        if not works(r, m):
-            return []
-        out = []
-        if r != 0:
-            out.append(Action(Kind.RECV, m, r, 0, Payload.FEATURE_GRAD, shares[m][r],
-                              mine(r, m)))
-        return out + [Action(Kind.ENC_BWD, m, r, share=shares[m][r], samples=mine(r, m))]
-
-    programs: list[list[Action]] = []
-    for r in range(p):
-        prog: list[Action] = []
-        if sample_exchange:
-            prog.append(Action(Kind.ALLTOALL, payload=Payload.SAMPLES))
-        inline = inline_stage0 and r == 0
-        if not inline:
-            for m in range(min(p, n)):
-                prog += enc_fwd(r, m)
-        # Drain microbatches (no F(m+P) to ride on): encoder backward of m goes after this
-        # rank's B(m+r+1), about when stage 0's B(m) has returned its feature gradients.
-        drain = range(max(0, n - p), n)
-        after_backward: dict[int, list[int]] = {}
-        for m in drain if not inline else range(n):
-            after_backward.setdefault(m if inline else min(m + r + 1, n - 1), []).append(m)
-        for op, m in one_f_one_b_order(p, n, r):
-            if op == "F" and inline:
-                prog += enc_fwd(r, m)
-            elif op == "F":
-                if m - p >= 0:
-                    prog += enc_bwd(r, m - p)
-                if m + p < n:
-                    prog += enc_fwd(r, m + p)
-            if op == "F":
-                if r == 0:
-                    for src in range(1, p):
-                        if works(src, m):
-                            prog.append(Action(Kind.RECV, m, 0, src, Payload.FEATURES,
-                                               shares[m][src], mine(src, m)))
-                prog += _llm_forward(r, p, m, ranks)
+    prog: list[Action] = []
+    if sample_exchange:
+        prog.append(Action(Kind.ALLTOALL, payload=Payload.SAMPLES))
+    # microbatch whose LLM backward each encoder backward follows (the rest ride on an F)
+    after_backward: dict[int, list[int]] = {}
+    if timing is EncoderTiming.INLINE:
+        after_backward = {m: [m] for m in range(n)}
+    else:
+        for m in range(min(p, n)):
+            prog += work.forward(r, m)
+        # drain microbatches (no F(m+P) to ride on): after this rank's B(m+r+1), about when
+        # stage 0's B(m) has returned its feature gradients
+        for m in range(max(0, n - p), n):
+            after_backward.setdefault(min(m + r + 1, n - 1), []).append(m)
+    for op, m in one_f_one_b_order(p, n, r):
+        if op == "F":
+            if timing is EncoderTiming.INLINE:
+                prog += work.forward(r, m)
             else:
-                prog += _llm_backward(r, p, m, ranks)
-                if r == 0:
-                    for dst in range(1, p):
-                        if works(dst, m):
-                            prog.append(Action(Kind.SEND, m, 0, dst, Payload.FEATURE_GRAD,
-                                               shares[m][dst], mine(dst, m)))
-                for pending in after_backward.pop(m, []):
-                    prog += enc_bwd(r, pending)
-        programs.append(prog)
+                if m - p >= 0:
+                    prog += work.backward(r, m - p)
+                if m + p < n:
+                    prog += work.forward(r, m + p)
+            if r == 0:
+                prog += work.stage0_messages(Kind.RECV, Payload.FEATURES, m)
+            prog += _llm_forward(r, p, m, ranks)
+        else:
+            prog += _llm_backward(r, p, m, ranks)
+            if r == 0:
+                prog += work.stage0_messages(Kind.SEND, Payload.FEATURE_GRAD, m)
+            for pending in after_backward.pop(m, []):
+                prog += work.backward(r, pending)
+    return prog
+
+
+def uniform_insertion(num_stages: int, num_microbatches: int,
+                      shares: Sequence[Sequence[float]] | None = None,
+                      grad_sync: bool = False, sample_exchange: bool = False,
+                      samples: Sequence[Sequence[Sequence[int]]] | None = None,
+                      inline_stage0: bool = False) -> Schedule:
+    """Omni: each microbatch's encoder work is spread over the pipeline's ranks.
+
+    ``shares[m][r]`` is rank r's fraction of microbatch m's encoder work (default:
+    ``default_shares``; a zero share means no action and no message). ``samples[m][r]`` names
+    the samples behind that share (``assign_encoder_samples`` makes both); with ``samples`` a
+    rank acts only where it has samples, so a microbatch without encoder input has no encoder
+    actions and no feature messages. Every rank places its work ``EncoderTiming.AHEAD``,
+    except stage 0 with ``inline_stage0`` (``EncoderTiming.INLINE``). ``sample_exchange``
+    starts every rank with the grouped-reordering all-to-all.
+    """
+    _check_sizes(num_stages, num_microbatches)
+    p, n = num_stages, num_microbatches
+    work = _encoder_work(p, n, shares, samples)
+    programs = [_insertion_program(
+        r, n, work, EncoderTiming.INLINE if inline_stage0 and r == 0 else EncoderTiming.AHEAD,
+        sample_exchange) for r in range(p)]
     _grad_sync(programs, grad_sync)
+    ranks = tuple(range(p))
     bound = tuple(min(p - s, n) for s in range(p))
     enc_bound = tuple(bound[0] if inline_stage0 and r == 0 else min(2 * p, n)
                       for r in range(p))
