@@ -22,16 +22,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from .actions import COLLECTIVE_KINDS, Kind, message_key
 from .costs import _require
-from .schedule import (
-    COLLECTIVE_KINDS,
-    Kind,
-    Rendezvous,
-    Schedule,
-    ScheduleError,
-    _execute_order,
-    message_key,
-)
+from .execution import Rendezvous, ScheduleError, execute_order
+from .schedule import Schedule
 
 # per rank: (program index, indices of the SEND/RECV actions posted there, in order)
 Posts = tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
@@ -73,7 +67,7 @@ def check_schedule(schedule: Schedule) -> None:
         if s != r:
             raise ScheduleError(f"{pair[2]} messages {pair[0]}->{pair[1]}: sends for microbatches "
                                 f"{s[:8]} and receives for {r[:8]} differ in content or order")
-    stuck = _execute_order(schedule)
+    stuck = execute_order(schedule.actions)
     if stuck:
         where = [(r, str(schedule.actions[r][pc])) for r, pc in stuck]
         raise ScheduleError(f"deadlock: ranks blocked at {where}")
@@ -84,7 +78,7 @@ def check_schedule(schedule: Schedule) -> None:
 def message_order(schedule: Schedule) -> dict[tuple[int, int], tuple[tuple, ...]]:
     """Per pair of ranks (low, high): its messages' keys in the one order both post them."""
     sends: list = []
-    stuck = _execute_order(schedule, sends)
+    stuck = execute_order(schedule.actions, sends)
     if stuck:
         raise ScheduleError(f"deadlock: ranks blocked at "
                             f"{[(r, str(schedule.actions[r][pc])) for r, pc in stuck]}")

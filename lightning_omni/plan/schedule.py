@@ -31,84 +31,24 @@ from enum import Enum
 
 from lightning_omnilab.validate import non_negative_int, positive_int
 
+from .actions import (
+    COLLECTIVE_KINDS,
+    COMPUTE_KINDS,
+    Action,
+    Kind,
+    Payload,
+    message_key,
+)
 from .costs import _require
+from .execution import ScheduleError, execute_order
 
-
-class Kind(str, Enum):  # noqa: UP042 - requires-python allows 3.10 (no StrEnum)
-    """What an action does."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    LLM_FWD = "llm_fwd"
-    LLM_BWD = "llm_bwd"
-    ENC_FWD = "enc_fwd"
-    ENC_BWD = "enc_bwd"
-    SEND = "send"
-    RECV = "recv"
-    ALLREDUCE = "allreduce"
-    ALLTOALL = "alltoall"
-    WAIT = "wait"  # completion of this rank's earlier SEND with the same message key
-
-
-COMPUTE_KINDS = frozenset({Kind.LLM_FWD, Kind.LLM_BWD, Kind.ENC_FWD, Kind.ENC_BWD})
-COLLECTIVE_KINDS = frozenset({Kind.ALLREDUCE, Kind.ALLTOALL})
-
-
-class Payload(str, Enum):  # noqa: UP042
-    """What a message carries; each payload is its own FIFO channel."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    ACTIVATION = "act"          # stage s -> s+1, forward
-    GRADIENT = "grad"           # stage s+1 -> s, backward
-    FEATURES = "feat"           # encoder rank -> stage 0
-    FEATURE_GRAD = "feat_grad"  # stage 0 -> encoder rank
-    WEIGHT_GRADS = "weight_grads"  # LLM stage gradients (all of a rank's, when unsplit)
-    ENCODER_GRADS = "encoder_grads"  # encoder replicas' gradients, summed over ``group``
-    SAMPLES = "samples"         # grouped reordering's sample exchange
-    SP_ATTENTION = "sp_attn"    # Ulysses all-to-alls of one LSSP sample in its SP group
-
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    """One step of one rank. ``share`` is the fraction of a microbatch's encoder work (for
-    pricing); ``samples`` says which of the microbatch's samples that work covers (empty: not
-    specified, as in shape-only plans). ``group`` lists the global ranks of a collective (empty:
-    unspecified), ``counts`` what an ALLTOALL sends to each of them."""
-
-    kind: Kind
-    microbatch: int = -1
-    stage: int = -1
-    peer: int = -1
-    payload: Payload | None = None
-    share: float = 1.0
-    samples: tuple[int, ...] = ()
-    group: tuple[int, ...] = ()
-    counts: tuple[int, ...] = ()
-    # Interleaved pipelines (``interleaved.py``): the model-chunk channel of an ACTIVATION or
-    # GRADIENT message (0 otherwise). One microbatch crosses the same pair of ranks once per
-    # chunk, so each chunk is its own FIFO channel.
-    chunk: int = 0
-
-    def __str__(self) -> str:
-        if self.kind in (Kind.SEND, Kind.RECV, Kind.WAIT):
-            chunk = f",chunk={self.chunk}" if self.chunk else ""
-            return f"{self.kind}({self.payload},mb={self.microbatch},peer={self.peer}{chunk})"
-        if self.kind in (Kind.ENC_FWD, Kind.ENC_BWD):
-            return f"{self.kind}(mb={self.microbatch},share={self.share:.3g})"
-        return f"{self.kind}(mb={self.microbatch},stage={self.stage})"
-
-
-def message_key(rank: int, action: Action) -> tuple[str, int, int, int]:
-    """(payload, microbatch, src, dst): what pairs a send with its receive (and its WAIT)."""
-    channel = str(action.payload) if not action.chunk else f"{action.payload}@{action.chunk}"
-    if action.kind in (Kind.SEND, Kind.WAIT):
-        return (channel, action.microbatch, rank, action.peer)
-    if action.kind == Kind.RECV:
-        return (channel, action.microbatch, action.peer, rank)
-    raise ValueError(f"action: expected a SEND, RECV or WAIT, got {action}")
+__all__ = [
+    "BACKWARD_PAYLOADS", "BUILDERS", "COLLECTIVE_KINDS", "COMPUTE_KINDS", "Action",
+    "EncoderTiming", "Kind", "Payload", "Schedule", "ScheduleError", "assign_encoder_samples",
+    "default_shares", "encoder_disaggregated", "encoder_first_stage", "for_replicas",
+    "forward_only", "max_in_flight", "message_key", "one_f_one_b", "one_f_one_b_order",
+    "uniform_insertion", "with_completion_points",
+]
 
 
 @dataclass(frozen=True)
@@ -479,63 +419,6 @@ BUILDERS = {
 }
 
 
-class ScheduleError(ValueError):
-    """A schedule that cannot run: unmatched messages, crossed order or a deadlock."""
-
-
-def _collective_key(a: Action) -> tuple:
-    return (str(a.kind), str(a.payload), a.group)
-
-
-class Rendezvous:
-    """Collectives with a ``group`` in a simulated run: a member passes its n-th collective of
-    one (kind, payload, group) once every member has reached its n-th."""
-
-    def __init__(self) -> None:
-        self.seen: dict[tuple[int, tuple], int] = {}
-        self.arrived: dict[tuple, set[int]] = {}
-
-    def passes(self, rank: int, a: Action) -> bool:
-        ck = _collective_key(a)
-        key = ck + (self.seen.get((rank, ck), 0),)
-        self.arrived.setdefault(key, set()).add(rank)
-        if not set(a.group) <= self.arrived[key]:
-            return False
-        self.seen[rank, ck] = key[-1] + 1
-        return True
-
-
-def _execute_order(schedule: Schedule, sends: list[tuple[int, Action]] | None = None
-                   ) -> list[tuple[int, int]]:
-    """Run the programs in dependency order; return (rank, index) where ranks stay blocked.
-    ``sends`` (if given) receives every (rank, SEND action) in the order they run."""
-    posted: set[tuple[str, int, int, int]] = set()
-    taken: set[tuple[str, int, int, int]] = set()
-    meet = Rendezvous()
-    pcs = [0] * schedule.num_ranks
-    progressed = True
-    while progressed:
-        progressed = False
-        for rank, prog in enumerate(schedule.actions):
-            while pcs[rank] < len(prog):
-                a = prog[pcs[rank]]
-                if a.kind == Kind.RECV:
-                    if message_key(rank, a) not in posted:
-                        break
-                    taken.add(message_key(rank, a))
-                elif a.kind == Kind.WAIT and message_key(rank, a) not in taken:
-                    break
-                elif a.kind == Kind.SEND:
-                    posted.add(message_key(rank, a))
-                    if sends is not None:
-                        sends.append((rank, a))
-                elif a.kind in COLLECTIVE_KINDS and a.group and not meet.passes(rank, a):
-                    break
-                pcs[rank] += 1
-                progressed = True
-    return [(r, pc) for r, pc in enumerate(pcs) if pc < len(schedule.actions[r])]
-
-
 def with_completion_points(schedule: Schedule, lag: int = 1) -> Schedule:
     """Give every SEND a WAIT: after the sender's next ``lag`` compute actions, or later where
     that would deadlock (a WAIT blocks until the receiver takes the message), at the latest at
@@ -576,7 +459,7 @@ def with_completion_points(schedule: Schedule, lag: int = 1) -> Schedule:
 
     while True:
         candidate = build()
-        stuck = _execute_order(candidate)
+        stuck = execute_order(candidate.actions)
         moved = False
         for rank, pc in stuck:
             a = candidate.actions[rank][pc]

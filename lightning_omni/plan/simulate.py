@@ -11,19 +11,12 @@ collective with a ``group`` starts when the last member reaches it.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .schedule import (
-    COLLECTIVE_KINDS,
-    COMPUTE_KINDS,
-    Action,
-    Kind,
-    Schedule,
-    ScheduleError,
-    message_key,
-)
+from .actions import Action, Kind, message_key
+from .execution import MessageKey, ProgramRun, ScheduleError
+from .schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -73,108 +66,78 @@ class SimResult:
         return tuple(p > self.memory_cap_bytes for p in self.peak_memory_bytes)
 
 
+class _Simulation(ProgramRun):
+    """The blocking rules of ``execution`` with a clock, a link and a memory count per rank."""
+
+    def __init__(self, schedule: Schedule, costs: StepCosts, record_timeline: bool) -> None:
+        super().__init__(schedule.actions)
+        n = schedule.num_ranks
+        self.costs, self.record = costs, record_timeline
+        self.clock = [0.0] * n
+        self.link_free = [0.0] * n
+        self.busy = [0.0] * n
+        self.live = [costs.static_memory_bytes(r) for r in range(n)]
+        self.peak = list(self.live)
+        self.held: dict[MessageKey, float] = {}  # send buffers awaiting their WAIT
+        self.awaited = {message_key(r, a) for r, prog in enumerate(schedule.actions)
+                        for a in prog if a.kind == Kind.WAIT}
+        self.timeline: list[list[Interval]] = [[] for _ in range(n)]
+
+    def _hold(self, rank: int, nbytes: float) -> None:
+        self.live[rank] += nbytes
+        if self.live[rank] > self.peak[rank]:
+            self.peak[rank] = self.live[rank]
+
+    def on_compute(self, rank: int, a: Action) -> None:
+        dur = self.costs.compute_seconds(rank, a)
+        if self.record:
+            self.timeline[rank].append(Interval(self.clock[rank], self.clock[rank] + dur,
+                                                a.kind, a.microbatch))
+        self.clock[rank] += dur
+        self.busy[rank] += dur
+        self._hold(rank, self.costs.memory_delta_bytes(rank, a))
+
+    def on_send(self, rank: int, a: Action, key: MessageKey) -> float:
+        """Sends serialize on the sender's link; the message arrives when its transfer ends."""
+        start = max(self.clock[rank], self.link_free[rank])
+        self.link_free[rank] = start + self.costs.transfer_seconds(rank, a)
+        if key in self.awaited:
+            self.held[key] = self.costs.message_bytes(rank, a)
+            self._hold(rank, self.held[key])
+        return self.link_free[rank]
+
+    def on_recv(self, rank: int, a: Action, key: MessageKey, sent: float) -> float:
+        self.clock[rank] = max(self.clock[rank], sent)
+        return self.clock[rank]
+
+    def on_wait(self, rank: int, a: Action, key: MessageKey, taken: float) -> None:
+        self.clock[rank] = max(self.clock[rank], taken)
+        self._hold(rank, -self.held.pop(key))
+
+    def arrival(self, rank: int, a: Action) -> float:
+        return max(self.clock[rank], self.link_free[rank])
+
+    def on_collective(self, rank: int, a: Action, start: float) -> None:
+        dur = self.costs.collective_seconds(rank, a)
+        if self.record:
+            self.timeline[rank].append(Interval(start, start + dur, a.kind, -1))
+        self.clock[rank] = start + dur
+
+
 def simulate(schedule: Schedule, costs: StepCosts, record_timeline: bool = False) -> SimResult:
     """Run the schedule; raise ScheduleError if some rank can never proceed."""
-    n = schedule.num_ranks
-    clock = [0.0] * n
-    link_free = [0.0] * n
-    busy = [0.0] * n
-    live = [costs.static_memory_bytes(r) for r in range(n)]
-    peak = list(live)
-    pcs = [0] * n
-    arrivals: dict[tuple[str, int, int, int], float] = {}
-    taken: dict[tuple[str, int, int, int], float] = {}  # when the receiver took the message
-    held: dict[tuple[str, int, int, int], float] = {}  # send buffers awaiting their WAIT
-    waiting: dict[tuple[str, int, int, int], int] = {}
-    waiting_taken: dict[tuple[str, int, int, int], int] = {}
-    # grouped collectives: key -> {rank: arrival time}; ordinal per (rank, kind, payload, group)
-    gathered: dict[tuple, dict[int, float]] = {}
-    ordinal: dict[tuple, int] = {}
-    released: dict[tuple[int, tuple], float] = {}
-    awaited = {message_key(r, a) for r, prog in enumerate(schedule.actions) for a in prog
-               if a.kind == Kind.WAIT}
-    timeline: list[list[Interval]] = [[] for _ in range(n)]
-    ready = deque(range(n))
-    while ready:
-        rank = ready.popleft()
-        prog = schedule.actions[rank]
-        while pcs[rank] < len(prog):
-            a = prog[pcs[rank]]
-            kind = a.kind
-            if kind in COMPUTE_KINDS:
-                dur = costs.compute_seconds(rank, a)
-                if record_timeline:
-                    timeline[rank].append(Interval(clock[rank], clock[rank] + dur, kind,
-                                                   a.microbatch))
-                clock[rank] += dur
-                busy[rank] += dur
-                live[rank] += costs.memory_delta_bytes(rank, a)
-                if live[rank] > peak[rank]:
-                    peak[rank] = live[rank]
-            elif kind == Kind.SEND:
-                key = message_key(rank, a)
-                start = max(clock[rank], link_free[rank])
-                link_free[rank] = start + costs.transfer_seconds(rank, a)
-                arrivals[key] = link_free[rank]
-                if key in awaited:
-                    held[key] = costs.message_bytes(rank, a)
-                    live[rank] += held[key]
-                if key in waiting:
-                    ready.append(waiting.pop(key))
-            elif kind == Kind.RECV:
-                key = message_key(rank, a)
-                if key not in arrivals:
-                    waiting[key] = rank
-                    break
-                clock[rank] = max(clock[rank], arrivals.pop(key))
-                taken[key] = clock[rank]
-                if key in waiting_taken:
-                    ready.append(waiting_taken.pop(key))
-            elif kind == Kind.WAIT:
-                key = message_key(rank, a)
-                if key not in taken:
-                    waiting_taken[key] = rank
-                    break
-                clock[rank] = max(clock[rank], taken.pop(key))
-                live[rank] -= held.pop(key)
-            elif kind in COLLECTIVE_KINDS:
-                dur = costs.collective_seconds(rank, a)
-                start = max(clock[rank], link_free[rank])
-                if a.group:
-                    base = (str(kind), str(a.payload), a.group)
-                    key = base + (ordinal.get((rank, base), 0),)
-                    if (rank, key) not in released:
-                        arrived = gathered.setdefault(key, {})
-                        arrived[rank] = start
-                        if not set(a.group) <= set(arrived):
-                            break  # the last member to arrive wakes everyone
-                        begin = max(arrived.values())
-                        for member in a.group:
-                            released[member, key] = begin
-                            if member != rank:
-                                ready.append(member)
-                        del gathered[key]
-                    start = released.pop((rank, key))
-                    ordinal[rank, base] = key[-1] + 1
-                if record_timeline:
-                    timeline[rank].append(Interval(start, start + dur, kind, -1))
-                clock[rank] = start + dur
-            else:  # pragma: no cover - the enum is closed
-                raise ScheduleError(f"action: unknown kind {kind}")
-            if live[rank] > peak[rank]:
-                peak[rank] = live[rank]
-            pcs[rank] += 1
-    stuck = [(r, str(schedule.actions[r][pc])) for r, pc in enumerate(pcs)
-             if pc < len(schedule.actions[r])]
+    sim = _Simulation(schedule, costs, record_timeline)
+    stuck = [(r, str(schedule.actions[r][pc])) for r, pc in sim.run()]
     if stuck:
         raise ScheduleError(f"deadlock in {schedule.name}: ranks blocked at {stuck}")
+    clock = sim.clock
     return SimResult(
         step_seconds=max(clock) if clock else 0.0,
         rank_end_seconds=tuple(clock),
-        busy_seconds=tuple(busy),
-        peak_memory_bytes=tuple(peak),
+        busy_seconds=tuple(sim.busy),
+        peak_memory_bytes=tuple(sim.peak),
         memory_cap_bytes=costs.memory_cap_bytes,
-        timeline=tuple(tuple(t) for t in timeline),
+        timeline=tuple(tuple(t) for t in sim.timeline),
     )
 
 
