@@ -12,6 +12,7 @@ refused at setup (``checks.py``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -41,6 +42,8 @@ from .runtime.metrics import step_metrics
 from .runtime.splittable import splittable_heads
 from .runtime.ulysses import BACKENDS
 from .spec import OmniSpec, get_spec
+
+log = logging.getLogger(__name__)
 
 # notices a fit with this strategy triggers and its user cannot act on (lightning_omnilab.quiet);
 # DeepSpeed is imported on every rank when LSSP picks its Ulysses attention
@@ -287,6 +290,17 @@ class OmniStrategy(DDPStrategy):
             engine.sync_parameters()
         engine.elsewhere = self._elsewhere
         module.__dict__["_omni_engine"] = (key, engine)
+        if layout.rank == 0:  # the same on every rank: said once per run
+            log.info("OmniStrategy layout: world size %d = pipeline_parallel %d x "
+                     "data_parallel %d; LLM blocks per stage %s; schedule %r, %d microbatches "
+                     "per replica; lssp=%s, reorder=%s, zero_stage=%d, meta build materialized "
+                     "per stage: %s",
+                     layout.world_size, layout.pipeline, layout.data,
+                     [hi - lo for lo, hi in layout.block_bounds], self.schedule,
+                     self.num_microbatches, self.lssp, self.reorder, self.zero_stage,
+                     self._built_here)
+        log.debug("rank %d: stage %d, replica %d, LLM blocks %s", layout.rank, layout.stage,
+                  layout.replica, layout.block_bounds[layout.stage])
         return engine
 
     def _group_options(self) -> GroupOptions | None:
@@ -338,6 +352,12 @@ class OmniStrategy(DDPStrategy):
         result = self.engine.step(batch, StepMode.TRAIN, self.precision_plugin.train_step_context,
                                   where=f"training step {trainer.global_step}")
         self.last_step = result
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("training step %d: %d tokens, %d actions on this rank, %s",
+                      trainer.global_step, result.tokens,
+                      len(result.plan.actions[self.engine.layout.rank]),
+                      "grouped encoder plan" if result.grouped is not None
+                      else "per-replica encoder plan")
         self._step_grads = [(p, p.grad) for p in self.engine.executor.owned_params()]
         for p, _ in self._step_grads:
             p.grad = None

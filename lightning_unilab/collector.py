@@ -8,8 +8,8 @@
     collector.publish(policy)                # new weights; the collector loads them next rollout
     collector.stop()                         # joins the process, unlinks the shared memory
 
-The process is started with ``forkserver`` (``spawn`` where there is none): no forked
-torch/OpenMP state. Before each rollout it loads
+The process is started with ``forkserver`` (``spawn``, with a warning logged, where there is
+none or this process cannot use it): no forked torch/OpenMP state. Before each rollout it loads
 the newest published weights (a version-word check, a copy only when it moved); in ``sync`` mode
 it first waits until the weights of the update on its previous rollout are published: the
 synchronous PPO baseline, sharing every other line with the asynchronous mode.
@@ -24,6 +24,7 @@ wait; then it unlinks the ring and the weight board itself and exits.
 from __future__ import annotations
 
 import copy
+import logging
 import multiprocessing as mp
 import os
 import pickle
@@ -47,6 +48,8 @@ from lightning_unilab.weights import BoardHandle, WeightBoard
 __all__ = ["Collector", "CollectorConfig", "CollectorError", "MODES", "available_cpus"]
 
 MODES = ("async", "sync")
+
+log = logging.getLogger(__name__)
 
 
 class CollectorError(RuntimeError):
@@ -170,14 +173,20 @@ def _context() -> Any:
     client waits on a pid that is not its child): such a process (Lightning's ``ddp_fork``, a
     fork in a notebook) spawns its collectors instead.
     """
-    if "forkserver" in mp.get_all_start_methods():
-        if not _FORKSERVER_OWNER:
-            _FORKSERVER_OWNER.append(os.getpid())
-        if _FORKSERVER_OWNER[0] == os.getpid():
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["lightning_unilab.collector"])
-            return ctx
-    return mp.get_context("spawn")
+    if "forkserver" not in mp.get_all_start_methods():
+        log.warning("collector: this platform has no forkserver start method; spawning the "
+                    "collector instead (a fresh interpreter: every start pays the imports)")
+        return mp.get_context("spawn")
+    if not _FORKSERVER_OWNER:
+        _FORKSERVER_OWNER.append(os.getpid())
+    if _FORKSERVER_OWNER[0] != os.getpid():
+        log.warning("collector: process %d was forked from process %d, whose forkserver it "
+                    "cannot use; spawning the collector instead (a fresh interpreter: every "
+                    "start pays the imports)", os.getpid(), _FORKSERVER_OWNER[0])
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["lightning_unilab.collector"])
+    return ctx
 
 
 def _stop(proc: Any, ring: Ring, board: WeightBoard, timeout: float) -> None:
@@ -270,6 +279,12 @@ class Collector:
         except BaseException:
             self.stop()
             raise
+        config = self.config
+        log.info("collector started: pid %d by %s; task %s, %d envs x %d steps per slot, "
+                 "%s mode, %d pool threads and 1 torch thread, %d ring slots (%s), seed %d",
+                 self._proc.pid, ctx.get_start_method(), config.task, config.num_envs,
+                 config.horizon, config.mode, config.threads, self.ring.num_slots,
+                 self.ring.writer_policy, config.seed)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the process (join, else kill) and remove the shared memory; idempotent."""

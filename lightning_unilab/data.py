@@ -27,6 +27,7 @@ training_step(i) has published, prefetching cannot deadlock: both modes share th
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -44,6 +45,8 @@ from lightning_unilab.ring import Ring, check_num_slots
 from lightning_unilab.rollout import RolloutSpec, as_tensors
 
 __all__ = ["EnvSpec", "RolloutDataModule"]
+
+log = logging.getLogger(__name__)
 
 # notices every UniLab fit triggers and its user cannot act on (lightning_omnilab.quiet)
 quiet.ignore_leafspec_deprecation()
@@ -296,6 +299,8 @@ class RolloutDataModule(pl.LightningDataModule):
                      for k, v in batch.items()}
             collector.release(slot)
         self.ring_copy_s += time.perf_counter() - start
+        log.debug("slot %d: seq %d, policy version %d, waited %.1f ms", slot, int(arrays["seq"]),
+                  int(arrays["policy_version"]), 1e3 * wait_s)
         self.slots_read += 1
         self.counters = {"seq": int(arrays["seq"]) + 1, "env_steps": int(arrays["env_steps"]),
                          "episodes_total": int(arrays["episodes_total"]),

@@ -19,6 +19,7 @@ the whole run: a resumed run gets only what remains of it (Lightning's Timer is 
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -33,6 +34,8 @@ from lightning_unilab.appo import APPOModule
 from lightning_unilab.data import RolloutDataModule
 
 __all__ = ["UniLabArgumentParser", "UniLabCLI", "did_you_mean", "main"]
+
+log = logging.getLogger(__name__)
 
 _UNRECOGNIZED = "unrecognized arguments:"
 # LightningCLI's own flags that this CLI leaves out, and what to use instead
@@ -132,7 +135,9 @@ def _log_dir(trainer: Any) -> str | None:
 def main(args: list[str] | None = None) -> UniLabCLI:
     cli = UniLabCLI(APPOModule, RolloutDataModule, run=False, seed_everything_default=0,
                     save_config_kwargs={"overwrite": True}, args=args)
-    torch.set_num_threads(positive_int("learner_threads", cli.config["learner_threads"]))
+    threads = positive_int("learner_threads", cli.config["learner_threads"])
+    torch.set_num_threads(threads)
+    log.info("learner: %d torch threads", threads)
     trainer = cli.trainer
     try:
         trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config["ckpt_path"])

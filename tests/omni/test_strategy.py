@@ -1,5 +1,7 @@
 """OmniStrategy as Lightning sees it: registry, clear errors for bad setups, metrics, lost ranks."""
 
+import logging
+
 import pytest
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import StrategyRegistry
@@ -48,6 +50,19 @@ def test_module_without_configure_omni_fails_before_any_process_starts():
 def test_parallel_sizes_must_match_the_world():
     with pytest.raises(ValueError, match=r"world size 1 \(devices \* num_nodes\), got 2 \* 1"):
         _fit(OmniStrategy(pipeline_parallel=2, data_parallel=1), make_model(0))
+
+
+def test_the_layout_is_logged_once_and_each_step_at_debug(caplog):
+    caplog.set_level(logging.DEBUG, logger="lightning_omni.strategy")
+    _fit(OmniStrategy(num_microbatches=2), make_model(0).double())
+    ours = [r for r in caplog.records if r.name == "lightning_omni.strategy"]
+    assert [r.getMessage() for r in ours if r.levelno == logging.INFO] == [
+        "OmniStrategy layout: world size 1 = pipeline_parallel 1 x data_parallel 1; LLM blocks "
+        "per stage [4]; schedule 'uniform_insertion', 2 microbatches per replica; lssp=False, "
+        "reorder=False, zero_stage=0, meta build materialized per stage: False"]
+    debug = [r.getMessage() for r in ours if r.levelno == logging.DEBUG]
+    assert debug[0] == "rank 0: stage 0, replica 0, LLM blocks (0, 4)"
+    assert len(debug) == 2 and debug[1].startswith("training step 0: ")
 
 
 def test_metrics_split_errors_and_a_lost_rank(tmp_path):

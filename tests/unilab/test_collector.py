@@ -1,5 +1,6 @@
 """Collector process: weights versions, sync waiting, faults surfacing, cleanup when killed."""
 
+import logging
 import os
 import signal
 import subprocess
@@ -152,6 +153,34 @@ def test_a_forked_learner_still_starts_collectors():
     child.start()
     child.join(120)
     assert child.exitcode == 0
+
+
+def test_the_start_method_threads_and_fallbacks_are_logged(caplog, monkeypatch):
+    """INFO: how the collector was started and with how many threads; WARNING: each fallback
+    from forkserver to spawn, which used to be silent."""
+    from lightning_unilab import collector as collector_module
+
+    caplog.set_level(logging.INFO, logger="lightning_unilab.collector")
+    _collect_one()
+    started = [r.getMessage() for r in caplog.records
+               if r.name == "lightning_unilab.collector" and r.levelno == logging.INFO]
+    assert len(started) == 1, started
+    assert "by forkserver" in started[0] and "1 pool threads and 1 torch thread" in started[0]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING
+                and r.name == "lightning_unilab.collector"]
+
+    caplog.clear()  # a child forked from the forkserver's owner (Lightning's ddp_fork)
+    monkeypatch.setattr(collector_module, "_FORKSERVER_OWNER", [os.getpid() + 1])
+    assert collector_module._context().get_start_method() == "spawn"
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert f"forked from process {os.getpid() + 1}" in record.getMessage()
+
+    caplog.clear()  # a platform without forkserver
+    monkeypatch.setattr(collector_module.mp, "get_all_start_methods", lambda: ["spawn"])
+    assert collector_module._context().get_start_method() == "spawn"
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING and "no forkserver" in record.getMessage()
 
 
 def test_a_seed_gives_the_same_rollouts():
