@@ -71,6 +71,8 @@ py::dict SpecDict(const TaskSpec& s) {
 
 void BindTasks(py::module_& mod) {
   mod.def("task_names", &TaskNames, "Names of the C++ tasks, sorted.");
+  mod.def("task_defaults", &TaskDefaults, py::arg("name"),
+          "{parameter: default} of a task that declares its defaults in one table (else {}).");
   mod.attr("STATUS_BAD_ACTION") = kStatusBadAction;
 
   py::class_<TaskEnv>(mod, "TaskEnv")

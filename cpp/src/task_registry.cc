@@ -8,8 +8,13 @@ namespace omnilab {
 
 namespace {
 
-std::map<std::string, TaskFactory>& Registry() {
-  static std::map<std::string, TaskFactory> registry;
+struct Registered {
+  TaskFactory factory;
+  TaskParams defaults;
+};
+
+std::map<std::string, Registered>& Registry() {
+  static std::map<std::string, Registered> registry;
   return registry;
 }
 
@@ -42,21 +47,29 @@ std::vector<std::string> TaskNames() {
   return names;
 }
 
-void RegisterTask(const std::string& name, TaskFactory factory) {
-  if (!Registry().emplace(name, std::move(factory)).second) {
+void RegisterTask(const std::string& name, TaskFactory factory, TaskParams defaults) {
+  if (!Registry().emplace(name, Registered{std::move(factory), std::move(defaults)}).second) {
     throw std::invalid_argument("task '" + name + "' is registered twice");
   }
 }
 
-std::unique_ptr<Task> MakeTask(const std::string& name, const mjModel* m,
-                               const TaskParams& params) {
+namespace {
+const Registered& Find(const std::string& name) {
   EnsureRegistered();
   auto it = Registry().find(name);
   if (it == Registry().end()) {
     throw std::invalid_argument("unknown task '" + name + "'; known tasks: " + Join(TaskNames()));
   }
-  return it->second(m, params);
+  return it->second;
 }
+}  // namespace
+
+std::unique_ptr<Task> MakeTask(const std::string& name, const mjModel* m,
+                               const TaskParams& params) {
+  return Find(name).factory(m, params);
+}
+
+TaskParams TaskDefaults(const std::string& name) { return Find(name).defaults; }
 
 double ParamReader::Get(const std::string& key, double fallback) {
   used_.push_back(key);

@@ -1,18 +1,21 @@
 """g1-walk-flat in numpy: the twin and test reference of cpp/src/tasks/g1_walk.cc.
 
-Every term is documented in docs/unilab/tasks.md; change both files together. The array-level
-functions (:meth:`G1WalkFlat.rewards`, :meth:`G1WalkFlat.observe_arrays`) take plain (n, ...)
-arrays, so that the same task also runs over ``mujoco.batch.Batch`` (benchmarks/task_bench.py).
+Every term is documented in docs/unilab/tasks.md; change both files together. The parameters'
+defaults are C++'s alone (:class:`G1Params` reads them through ``_core.task_defaults``). The
+array-level functions (:meth:`G1WalkFlat.rewards`, :meth:`G1WalkFlat.observe_arrays`) take plain
+(n, ...) arrays, so that the same task also runs over ``mujoco.batch.Batch``
+(benchmarks/task_bench.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import mujoco
 import numpy as np
 
+from lightning_unilab import _core
 from lightning_unilab.tasks.base import NumpyTask, TaskSpec, Transition
 from lightning_unilab.tasks.rng import EnvRng
 
@@ -32,37 +35,49 @@ CRITIC = OBS + 3 + 1 + 2 + 2  # 106
 
 @dataclass(frozen=True)
 class G1Params:
-    """Defaults of the C++ task's parameters (same names)."""
+    """The C++ task's parameters (same names). Their defaults live in one table in
+    cpp/src/tasks/g1_walk.cc; :meth:`with_defaults` fills them in from there, so that the twin
+    cannot drift from the task it mirrors."""
 
-    ctrl_dt: float = 0.02
-    episode_length_s: float = 20.0
-    resample_steps: float = 0
-    action_scale: float = 0.5
-    reset_joint_noise: float = 0.1
-    reset_base_vel_noise: float = 0.2
-    command_vx_min: float = -1.0
-    command_vx_max: float = 1.0
-    command_vy_min: float = -0.5
-    command_vy_max: float = 0.5
-    command_yaw_min: float = -1.0
-    command_yaw_max: float = 1.0
-    gait_frequency: float = 1.25
-    min_base_height: float = 0.55
-    max_tilt_deg: float = 25.0
-    tracking_sigma: float = 0.25
-    air_time_threshold: float = 0.4
-    w_tracking_lin_vel: float = 1.0
-    w_tracking_ang_vel: float = 0.5
-    w_lin_vel_z: float = -2.0
-    w_ang_vel_xy: float = -0.05
-    w_orientation: float = -1.0
-    w_torques: float = -1e-5
-    w_action_rate: float = -0.01
-    w_feet_air_time: float = 2.0
-    w_feet_slip: float = -0.25
-    w_termination: float = -1.0
-    w_alive: float = 0.0
-    reward_floor: float = 0.0  # the step's reward is at least this (-inf: no floor)
+    ctrl_dt: float
+    episode_length_s: float
+    resample_steps: float
+    action_scale: float
+    reset_joint_noise: float
+    reset_base_vel_noise: float
+    command_vx_min: float
+    command_vx_max: float
+    command_vy_min: float
+    command_vy_max: float
+    command_yaw_min: float
+    command_yaw_max: float
+    gait_frequency: float
+    min_base_height: float
+    max_tilt_deg: float
+    tracking_sigma: float
+    air_time_threshold: float
+    w_tracking_lin_vel: float
+    w_tracking_ang_vel: float
+    w_lin_vel_z: float
+    w_ang_vel_xy: float
+    w_orientation: float
+    w_torques: float
+    w_action_rate: float
+    w_feet_air_time: float
+    w_feet_slip: float
+    w_termination: float
+    w_alive: float
+    reward_floor: float  # the step's reward is at least this (-inf: no floor)
+
+    @classmethod
+    def with_defaults(cls, **overrides: float) -> G1Params:
+        """C++'s defaults with ``overrides`` (names checked against the C++ table)."""
+        defaults = _core.task_defaults(G1WalkFlat.name)
+        unknown = set(overrides) - set(defaults)
+        if unknown:
+            raise ValueError(f"g1-walk-flat has no parameter(s) {sorted(unknown)}; it has: "
+                             f"{sorted(defaults)}")
+        return cls(**{**defaults, **overrides})
 
 
 def gravity(qpos: np.ndarray) -> np.ndarray:
@@ -79,12 +94,7 @@ class G1WalkFlat(NumpyTask):
     outputs = {"sensordata": None, "actuator_force": None}
 
     def __init__(self, **params: float) -> None:
-        known = {f.name for f in fields(G1Params)}
-        unknown = set(params) - known
-        if unknown:
-            raise ValueError(f"g1-walk-flat has no parameter(s) {sorted(unknown)}; it has: "
-                             f"{sorted(known)}")
-        self.p = G1Params(**params)
+        self.p = G1Params.with_defaults(**params)
         self._model: mujoco.MjModel | None = None
 
     def model(self) -> mujoco.MjModel:

@@ -104,8 +104,12 @@ using TaskFactory = std::function<std::unique_ptr<Task>(const mjModel*, const Ta
 
 // Registered task names, sorted.
 std::vector<std::string> TaskNames();
-// Adds a factory; throws if the name is taken.
-void RegisterTask(const std::string& name, TaskFactory factory);
+// Adds a factory, with the defaults of the parameters it reads when the task declares them in one
+// table (Python's twin reads them from there); throws if the name is taken.
+void RegisterTask(const std::string& name, TaskFactory factory, TaskParams defaults = {});
+// The defaults a task registered (empty for one that keeps them inline); throws
+// std::invalid_argument for an unknown name.
+TaskParams TaskDefaults(const std::string& name);
 // Builds a task; throws std::invalid_argument listing the known names for an unknown one, and for
 // parameters the task does not have.
 std::unique_ptr<Task> MakeTask(const std::string& name, const mjModel* m, const TaskParams& params);

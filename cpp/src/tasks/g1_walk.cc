@@ -27,18 +27,58 @@ constexpr int kMemory = kStep + 1;
 constexpr int kObs = 3 + 3 + kJoints + kJoints + kJoints + 3 + 2;  // 98
 constexpr int kCritic = kObs + 3 + 1 + 2 + 2;                       // 106
 
+// g1-walk-flat's parameters and their defaults: the one table. The numpy twin
+// (lightning_unilab/tasks/g1_walk.py) reads it through _core.task_defaults.
+const TaskParams& Defaults() {
+  static const TaskParams defaults = {
+      {"ctrl_dt", 0.02},
+      {"episode_length_s", 20.0},
+      {"resample_steps", 0},
+      {"action_scale", 0.5},
+      {"reset_joint_noise", 0.1},
+      {"reset_base_vel_noise", 0.2},
+      {"command_vx_min", -1.0},
+      {"command_vx_max", 1.0},
+      {"command_vy_min", -0.5},
+      {"command_vy_max", 0.5},
+      {"command_yaw_min", -1.0},
+      {"command_yaw_max", 1.0},
+      {"gait_frequency", 1.25},
+      {"min_base_height", 0.55},
+      {"max_tilt_deg", 25.0},
+      {"tracking_sigma", 0.25},
+      {"air_time_threshold", 0.4},
+      {"w_tracking_lin_vel", 1.0},
+      {"w_tracking_ang_vel", 0.5},
+      {"w_lin_vel_z", -2.0},
+      {"w_ang_vel_xy", -0.05},
+      {"w_orientation", -1.0},
+      {"w_torques", -1e-5},
+      {"w_action_rate", -0.01},
+      {"w_feet_air_time", 2.0},
+      {"w_feet_slip", -0.25},
+      {"w_termination", -1.0},
+      {"w_alive", 0.0},
+      {"reward_floor", 0.0},
+  };
+  return defaults;
+}
+
+// params[key] if given, else the table's default (every parameter read has one).
+double Param(ParamReader& p, const std::string& key) { return p.Get(key, Defaults().at(key)); }
+
 class G1WalkFlat : public Task {
  public:
   G1WalkFlat(const mjModel* m, ParamReader& p) {
     if (m->nu != kJoints || m->nq != 7 + kJoints || m->nv != 6 + kJoints) {
       throw std::invalid_argument("g1-walk-flat needs the 29-DoF G1 model (nu 29, nq 36)");
     }
-    const double ctrl_dt = p.Get("ctrl_dt", 0.02);
+    const double ctrl_dt = Param(p, "ctrl_dt");
     spec_.frame_skip = static_cast<int>(std::lround(ctrl_dt / m->opt.timestep));
     if (spec_.frame_skip < 1) throw std::invalid_argument("g1-walk-flat: ctrl_dt < timestep");
     dt_ = spec_.frame_skip * m->opt.timestep;
-    spec_.max_episode_steps = static_cast<int>(std::lround(p.Get("episode_length_s", 20.0) / dt_));
-    spec_.resample_steps = static_cast<int>(p.Get("resample_steps", 0));
+    spec_.max_episode_steps = static_cast<int>(std::lround(Param(p, "episode_length_s") / dt_));
+    spec_.resample_steps = static_cast<int>(Param(p, "resample_steps"));
     spec_.obs_size = kObs;
     spec_.critic_size = kCritic;
     spec_.action_size = kJoints;
@@ -51,35 +91,35 @@ class G1WalkFlat : public Task {
                         "reward_action_rate",      "reward_feet_air_time",    "reward_feet_slip",
                         "reward_termination",      "reward_alive",            "reward_floor"};
 
-    action_scale_ = p.Get("action_scale", 0.5);
-    joint_noise_ = p.Get("reset_joint_noise", 0.1);
-    base_vel_noise_ = p.Get("reset_base_vel_noise", 0.2);
-    command_low_[0] = p.Get("command_vx_min", -1.0);
-    command_high_[0] = p.Get("command_vx_max", 1.0);
-    command_low_[1] = p.Get("command_vy_min", -0.5);
-    command_high_[1] = p.Get("command_vy_max", 0.5);
-    command_low_[2] = p.Get("command_yaw_min", -1.0);
-    command_high_[2] = p.Get("command_yaw_max", 1.0);
-    gait_frequency_ = p.Get("gait_frequency", 1.25);
-    min_height_ = p.Get("min_base_height", 0.55);
-    cos_max_tilt_ = std::cos(p.Get("max_tilt_deg", 25.0) * M_PI / 180.0);
-    sigma_ = p.Get("tracking_sigma", 0.25);
-    air_threshold_ = p.Get("air_time_threshold", 0.4);
-    w_lin_ = p.Get("w_tracking_lin_vel", 1.0);
-    w_ang_ = p.Get("w_tracking_ang_vel", 0.5);
-    w_linz_ = p.Get("w_lin_vel_z", -2.0);
-    w_angxy_ = p.Get("w_ang_vel_xy", -0.05);
-    w_orient_ = p.Get("w_orientation", -1.0);
-    w_torque_ = p.Get("w_torques", -1e-5);
-    w_rate_ = p.Get("w_action_rate", -0.01);
-    w_air_ = p.Get("w_feet_air_time", 2.0);
-    w_slip_ = p.Get("w_feet_slip", -0.25);
-    w_term_ = p.Get("w_termination", -1.0);
-    w_alive_ = p.Get("w_alive", 0.0);
+    action_scale_ = Param(p, "action_scale");
+    joint_noise_ = Param(p, "reset_joint_noise");
+    base_vel_noise_ = Param(p, "reset_base_vel_noise");
+    command_low_[0] = Param(p, "command_vx_min");
+    command_high_[0] = Param(p, "command_vx_max");
+    command_low_[1] = Param(p, "command_vy_min");
+    command_high_[1] = Param(p, "command_vy_max");
+    command_low_[2] = Param(p, "command_yaw_min");
+    command_high_[2] = Param(p, "command_yaw_max");
+    gait_frequency_ = Param(p, "gait_frequency");
+    min_height_ = Param(p, "min_base_height");
+    cos_max_tilt_ = std::cos(Param(p, "max_tilt_deg") * M_PI / 180.0);
+    sigma_ = Param(p, "tracking_sigma");
+    air_threshold_ = Param(p, "air_time_threshold");
+    w_lin_ = Param(p, "w_tracking_lin_vel");
+    w_ang_ = Param(p, "w_tracking_ang_vel");
+    w_linz_ = Param(p, "w_lin_vel_z");
+    w_angxy_ = Param(p, "w_ang_vel_xy");
+    w_orient_ = Param(p, "w_orientation");
+    w_torque_ = Param(p, "w_torques");
+    w_rate_ = Param(p, "w_action_rate");
+    w_air_ = Param(p, "w_feet_air_time");
+    w_slip_ = Param(p, "w_feet_slip");
+    w_term_ = Param(p, "w_termination");
+    w_alive_ = Param(p, "w_alive");
     // The step's reward is at least this (MuJoCo Playground's joystick tasks and legged_gym's
     // only_positive_rewards use 0): with penalties outweighing the tracking terms early on, a
     // negative per-step reward makes falling at once the best policy.
-    reward_floor_ = p.Get("reward_floor", 0.0);
+    reward_floor_ = Param(p, "reward_floor");
 
     const int key = mj_name2id(m, mjOBJ_KEY, "knees_bent");
     const mjtNum* pose = key >= 0 ? m->key_qpos + static_cast<size_t>(key) * m->nq : m->qpos0;
@@ -223,12 +263,15 @@ class G1WalkFlat : public Task {
 }  // namespace
 
 void RegisterG1Tasks() {
-  RegisterTask("g1-walk-flat", [](const mjModel* m, const TaskParams& params) {
-    ParamReader reader(params);
-    auto task = std::make_unique<G1WalkFlat>(m, reader);
-    reader.CheckAllUsed("g1-walk-flat");
-    return std::unique_ptr<Task>(std::move(task));
-  });
+  RegisterTask(
+      "g1-walk-flat",
+      [](const mjModel* m, const TaskParams& params) {
+        ParamReader reader(params);
+        auto task = std::make_unique<G1WalkFlat>(m, reader);
+        reader.CheckAllUsed("g1-walk-flat");
+        return std::unique_ptr<Task>(std::move(task));
+      },
+      Defaults());
 }
 
 }  // namespace omnilab
