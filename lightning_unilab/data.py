@@ -74,7 +74,23 @@ def _identity(batch: Any) -> Any:
 
 
 class _DeferredBatch(Mapping):
-    """A batch fetched on first access (sync mode); rebuilt from a mapping it is a plain dict."""
+    """A batch that takes its ring slot on first access; rebuilt from a mapping it is a dict.
+
+    Lightning fetches batch i+1 before ``training_step(i)``. This placeholder is what it
+    fetches; the slot is taken when Lightning moves batch i+1 to the device (its
+    ``apply_to_collection`` rebuilds the mapping as ``type(batch)(items)``, which ``__new__``
+    answers with the real dict), i.e. after step i has published its weights: in sync mode the
+    collector writes slot i+1 only then, so fetching it earlier would deadlock.
+
+    Why not Lightning's public alternative, ``training_step(self, dataloader_iter)`` (no
+    prefetch): it measured no better here (docs/unilab/runtime.md), and it would move the
+    deferral into every module that reads this data module: each would have to fetch and move
+    its own batch, pass ``batch_size`` to every ``self.log`` (Lightning cannot infer it there),
+    and give its callbacks' ``on_train_batch_start`` the previous batch; a module with a plain
+    ``training_step(batch, batch_idx)`` would deadlock in sync mode. The placeholder keeps that
+    contract inside the data module. Were Lightning ever to read a batch when it prefetches it,
+    tests/unilab/test_data.py's sync test would hang.
+    """
 
     def __new__(cls, data: Mapping | None = None, fetch: Callable[[], dict] | None = None):
         if data is not None:  # Lightning's apply_to_collection rebuilds mappings this way
