@@ -83,7 +83,7 @@ class _DeferredBatch(Mapping):
     collector writes slot i+1 only then, so fetching it earlier would deadlock.
 
     Why not Lightning's public alternative, ``training_step(self, dataloader_iter)`` (no
-    prefetch): it measured no better here (docs/unilab/runtime.md), and it would move the
+    prefetch): it showed no conclusive gain (docs/unilab/runtime.md), and it would move the
     deferral into every module that reads this data module: each would have to fetch and move
     its own batch, pass ``batch_size`` to every ``self.log`` (Lightning cannot infer it there),
     and give its callbacks' ``on_train_batch_start`` the previous batch; a module with a plain
