@@ -18,14 +18,16 @@ from .multimodal_data import AUD, AUDIO_DIM, IMAGE_DIM, IMG, SEQ_LEN, VOCAB
 
 
 class GptBlock(nn.Module):
-    def __init__(self, hidden: int, heads: int) -> None:
+    """Pre-norm causal self-attention and an MLP ``mlp_ratio`` times as wide as the stream."""
+
+    def __init__(self, hidden: int, heads: int, mlp_ratio: int = 4) -> None:
         super().__init__()
         self.heads = heads
         self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.out = nn.Linear(hidden, hidden)
-        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(),
-                                 nn.Linear(4 * hidden, hidden))
+        self.mlp = nn.Sequential(nn.Linear(hidden, mlp_ratio * hidden), nn.GELU(),
+                                 nn.Linear(mlp_ratio * hidden, hidden))
 
     def forward(self, h: Tensor) -> Tensor:
         b, t, d = h.shape
@@ -37,20 +39,23 @@ class GptBlock(nn.Module):
 
 
 class Embedding(nn.Module):
-    def __init__(self, hidden: int) -> None:
+    """Token plus learned position embedding; ``init_std`` scales the random positions."""
+
+    def __init__(self, hidden: int, vocab: int = VOCAB, seq_len: int = SEQ_LEN,
+                 init_std: float = 0.02) -> None:
         super().__init__()
-        self.tok = nn.Embedding(VOCAB, hidden)
-        self.pos = nn.Parameter(torch.randn(SEQ_LEN, hidden) * 0.02)
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Parameter(torch.randn(seq_len, hidden) * init_std)
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.tok(tokens) + self.pos[: tokens.shape[1]]
 
 
 class Head(nn.Module):
-    def __init__(self, hidden: int) -> None:
+    def __init__(self, hidden: int, vocab: int = VOCAB) -> None:
         super().__init__()
         self.ln = nn.LayerNorm(hidden)
-        self.out = nn.Linear(hidden, VOCAB)
+        self.out = nn.Linear(hidden, vocab)
 
     def forward(self, h: Tensor) -> Tensor:
         return self.out(self.ln(h))

@@ -10,6 +10,7 @@ import socket
 import tempfile
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +18,23 @@ import lightning.pytorch as pl
 import torch
 import torch.multiprocessing as mp
 from torch import Tensor, nn
-from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_omni import Modality, OmniSpec
+from lightning_omni.examples import multimodal_model as example
+from lightning_omni.examples.multimodal_data import AUD, IMG, PAD
+from lightning_omni.examples.multimodal_model import GptBlock, caption_loss
 from lightning_omni.spec import scatter_features, valid_rows
 
-PAD, IMG, AUD = 0, 1, 2
 VOCAB, SEQ = 24, 20
 IMG_DIM, IMG_MAX = 6, 5
 AUD_DIM, AUD_MAX = 4, 6
 
 
 class Encoder(nn.Module):
-    """Masked self-attention over a sample's rows, then a projector to the LLM width."""
+    """Masked self-attention over a sample's rows, then a projector to the LLM width. Not the
+    example's TokenEncoder (``encoder="token"``) on purpose: an encoder whose attention LSSP
+    cannot split, so the tests cover both kinds."""
 
     def __init__(self, d_in: int, width: int, hidden: int) -> None:
         super().__init__()
@@ -48,53 +52,17 @@ class Encoder(nn.Module):
         return self.proj(h)
 
 
-class Block(nn.Module):
-    def __init__(self, hidden: int, heads: int = 2) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.out = nn.Linear(hidden, hidden)
-        self.mlp = nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.GELU(),
-                                 nn.Linear(2 * hidden, hidden))
-
-    def forward(self, h: Tensor) -> Tensor:
-        b, t, d = h.shape
-        q, k, v = self.qkv(self.ln1(h)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                           v.transpose(1, 2), is_causal=True)
-        h = h + self.out(a.transpose(1, 2).reshape(b, t, d))
-        return h + self.mlp(self.ln2(h))
-
-
-class Embedding(nn.Module):
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(VOCAB, hidden)
-        self.pos = nn.Parameter(torch.randn(SEQ, hidden) * 0.1)
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        return self.tok(tokens) + self.pos[: tokens.shape[1]]
-
-
-class Head(nn.Module):
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(hidden)
-        self.out = nn.Linear(hidden, VOCAB)
-
-    def forward(self, h: Tensor) -> Tensor:
-        return self.out(self.ln(h))
-
-
-def loss_terms(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-    labels = batch["labels"]
-    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                            ignore_index=-100, reduction="sum")
-    return total, (labels != -100).sum()
+# the example's GPT parts at the test model's size: half as wide an MLP, two heads, a larger
+# position init and this file's vocabulary and sequence length (one source for the parts)
+Block = partial(GptBlock, heads=2, mlp_ratio=2)
+Embedding = partial(example.Embedding, vocab=VOCAB, seq_len=SEQ, init_std=0.1)
+Head = partial(example.Head, vocab=VOCAB)
+loss_terms = caption_loss
 
 
 def accuracy_terms(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Over every labelled token: the toy data has no caption/text split (cf. the example's
+    ``caption_accuracy``)."""
     labels = batch["labels"]
     keep = labels != -100
     return (logits.argmax(-1)[keep] == labels[keep]).sum(), keep.sum()
