@@ -238,6 +238,7 @@ class Collector:
             self.ring.unlink()
             raise
         self.version = version
+        self._device_publisher: Any = None  # a CUDA learner's (device_copy.DevicePublisher)
         self._proc: Any = None
         self._conn: Any = None
         self._lifeline: Any = None
@@ -288,6 +289,12 @@ class Collector:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the process (join, else kill) and remove the shared memory; idempotent."""
+        if self._device_publisher is not None:  # no write into a board about to go
+            publisher, self._device_publisher = self._device_publisher, None
+            try:
+                publisher.wait()
+            except RuntimeError as err:
+                log.warning("%s", err)
         self._finalizer.detach()
         _stop(self._proc, self.ring, self.board, timeout)
 
@@ -329,7 +336,15 @@ class Collector:
     def publish(self, policy: nn.Module) -> int:
         """Publish ``policy``'s weights as the next version; returns it."""
         self.version += 1
-        self.board.publish(policy, self.version)
+        device = next(iter(policy.parameters()), torch.empty(0)).device
+        if device.type == "cuda":  # copied on a side stream, written from a thread
+            if self._device_publisher is None:
+                from lightning_unilab.device_copy import DevicePublisher
+
+                self._device_publisher = DevicePublisher(self.board.publish, device)
+            self._device_publisher.publish(policy.state_dict(), self.version)
+        else:
+            self.board.publish(policy, self.version)
         return self.version
 
 

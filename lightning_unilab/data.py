@@ -23,6 +23,11 @@ and in sync mode, where batch i+1 cannot exist before
 training_step(i) has published, prefetching cannot deadlock: both modes share this code.
 ``zero_copy=False`` copies each slot into private tensors and releases it at once (cost in
 ``ring_copy_ms``).
+
+A learner on a GPU (``accelerator="gpu"``): the ring is page-locked where it is
+(``pin_ring``), so Lightning's move of a slot to the device is a non-blocking DMA that
+overlaps the learner's work; the slot goes back to the collector once that copy has finished
+(:mod:`lightning_unilab.device_copy`). The collector's inference stays on its CPU copy.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_omnilab import quiet
 from lightning_unilab.collector import Collector, CollectorConfig, available_cpus
+from lightning_unilab.device_copy import PinnedRegion, copy_to_device
 from lightning_unilab.randomization import Randomization
 from lightning_unilab.ring import Ring, check_num_slots
 from lightning_unilab.rollout import RolloutSpec, as_tensors
@@ -144,6 +150,8 @@ class RolloutDataModule(pl.LightningDataModule):
             one in async mode (the learner's), at least one.
         seed: env seed of rank 0; rank r uses seed + r.
         zero_copy: yield views of the slot (True) or private copies.
+        pin_ring: with a CUDA learner, page-lock the ring in place so slots copy to the GPU
+            without blocking (False: ordinary copies, e.g. where page-locking is not allowed).
         read_newest: take the newest ready slot and drop the older ones (counted in
             ``slots_dropped``): slots that went stale while the learner updated are never
             trained on, and the collector never waits. False: every slot, oldest first.
@@ -165,6 +173,7 @@ class RolloutDataModule(pl.LightningDataModule):
         zero_copy: bool = True,
         start_timeout: float = 300.0,
         read_newest: bool = False,
+        pin_ring: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -198,6 +207,10 @@ class RolloutDataModule(pl.LightningDataModule):
         self.policy_version = 0
         self.slots_read = 0
         self.ring_copy_s = 0.0  # time spent turning slots into tensors (copies, if any)
+        self.pin_ring = bool(pin_ring)
+        self._pinned: PinnedRegion | None = None
+        self._fetched: int | None = None  # the slot the latest batch views (zero copy)
+        self._device_copies: dict[int, Any] = {}  # slot -> CUDA event of its copy
 
     # ------------------------------------------------------------------ sizes
 
@@ -256,7 +269,32 @@ class RolloutDataModule(pl.LightningDataModule):
         self.policy_version = self.collector.publish(policy)
         return self.policy_version
 
+    def transfer_batch_to_device(self, batch: Any, device: torch.device,
+                                 dataloader_idx: int) -> Any:
+        """To a GPU: non-blocking from the page-locked ring; the slot is handed back to the
+        collector only after the copy's event (see ``_release``)."""
+        if device.type != "cuda":
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        if self.pin_ring and self._pinned is None and self.collector is not None:
+            self._pinned = PinnedRegion(self.collector.ring.buffer)
+        out, done = copy_to_device(dict(batch), device)  # dict(): takes a deferred slot
+        if done is not None and self._fetched is not None:
+            self._device_copies[self._fetched] = done
+        return out
+
+    def _release(self, collector: Collector, slot: int) -> None:
+        done = self._device_copies.pop(slot, None)
+        if done is not None:
+            done.synchronize()  # the DMA reads the slot until then
+        collector.release(slot)
+
     def stop_collector(self) -> None:
+        for done in self._device_copies.values():
+            done.synchronize()
+        self._device_copies.clear()
+        if self._pinned is not None:  # before the ring's mapping goes
+            self._pinned.close()
+            self._pinned = None
         if self.collector is not None:
             collector, self.collector = self.collector, None
             collector.stop()
@@ -292,7 +330,7 @@ class RolloutDataModule(pl.LightningDataModule):
         if collector is None:
             raise RuntimeError("RolloutDataModule: the collector is not running")
         while len(held) > hold:
-            collector.release(held.popleft())
+            self._release(collector, held.popleft())
         slot, wait_s = collector.acquire()
         if slot is None:
             raise RuntimeError("RolloutDataModule: the collector was stopped")
@@ -308,6 +346,7 @@ class RolloutDataModule(pl.LightningDataModule):
         batch = as_tensors(arrays, wait_s, collector.spec.info_names)
         if self.read_newest:
             batch["stats"]["slots_dropped"] = self.slots_dropped
+        self._fetched = slot if self.zero_copy else None
         if self.zero_copy:
             held.append(slot)
         else:

@@ -109,6 +109,11 @@ class Ring:
         self._views = [handle.spec.views(block.buf, base + i * self._slot_bytes)
                        for i in range(self.num_slots)]
 
+    @property
+    def buffer(self) -> np.ndarray:
+        """The whole shared block, as bytes (what a CUDA learner page-locks in place)."""
+        return self._block.buf
+
     # ------------------------------------------------------------------ construction
 
     @staticmethod
