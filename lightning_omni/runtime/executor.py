@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import Enum
 
 import torch
 import torch.distributed as dist
@@ -36,15 +35,9 @@ from .hosting import Hosting
 from .layout import Layout
 from .lssp_exec import build_exec_plan, run_lssp_microbatch
 from .memory import SavedTensorMeter
+from .step_state import Posted, StepMode, StepState
 
-
-class StepMode(str, Enum):  # noqa: UP042 - requires-python allows 3.10 (no StrEnum)
-    """What a step computes: gradients (train), the loss only (eval), the head's output."""
-
-    TRAIN = "train"
-    EVAL = "eval"
-    PREDICT = "predict"
-
+__all__ = ["StageExecutor", "StepMode", "StepRecord", "rows_of", "split_microbatches"]
 
 
 @dataclass
@@ -126,6 +119,12 @@ class StageExecutor:
         self.meter = SavedTensorMeter(held)
         self.cache: SubgroupCache | None = None  # encoder group process groups (LSSP/reorder)
         self.ulysses_backend = "auto"
+        self._step = StepState()  # replaced at the start of every ``run``
+
+    @property
+    def outputs(self) -> list[Tensor]:
+        """PREDICT: the head's output of each microbatch of the last step (last stage)."""
+        return self._step.outputs
 
     def _llm_modules(self) -> list[nn.Module]:
         mods: list[nn.Module] = list(self.blocks)
@@ -153,25 +152,7 @@ class StageExecutor:
         rank = self.layout.rank
         actions = plan.actions[rank]
         posts = dict(message_posts(plan)[rank])
-        self._outbox: dict[tuple, Tensor] = {}  # send tensors taken, not yet posted
-        self._inbox: dict[tuple, tuple] = {}    # receives posted, not yet waited for
-        self._mode = mode
-        self.outputs: list[Tensor] = []
-        self._metric_sums: dict[str, list[Tensor]] = {}
-        self._mbs = mbs
-        self._grouped = grouped
-        self._enc_parts: dict[int, list[tuple[Tensor, Tensor]]] = {}
-        self._bytes_sent = 0
-        self._enc_out: dict[int, Tensor] = {}    # own encoder output (graph), per microbatch
-        self._local_feat: dict[int, Tensor] = {}  # stage 0: leaf of its own encoder output
-        self._feat_in: dict[int, list[tuple[tuple[int, ...], Tensor]]] = {}
-        self._remote_feat: dict[tuple[int, int], Tensor] = {}  # (mb, src) -> leaf
-        self._stage_in: dict[int, Tensor] = {}
-        self._stage_out: dict[int, Tensor] = {}
-        self._grad_in: dict[int, Tensor] = {}
-        self._act_in: dict[int, Tensor] = {}
-        self._feat_grad: dict[int, Tensor] = {}
-        self._pending: dict[tuple, object] = {}
+        st = self._step = StepState(mode, mbs, grouped)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         count = torch.zeros((), dtype=torch.float64, device=self.device)
         self.meter.reset_peak()
@@ -184,7 +165,7 @@ class StageExecutor:
         for i, a in enumerate(actions):
             t0 = time.perf_counter()
             if a.kind == Kind.SEND:
-                self._outbox[message_key(rank, a)] = self._payload_tensor(a).contiguous()
+                st.outbox[message_key(rank, a)] = self._payload_tensor(a).contiguous()
             if i in posts:
                 self._post([actions[j] for j in posts[i]])
             if a.kind == Kind.ENC_FWD:
@@ -207,7 +188,7 @@ class StageExecutor:
             elif a.kind == Kind.RECV:
                 self._recv(a)
             elif a.kind == Kind.WAIT:
-                self._wait(self._pending.pop(message_key(self.layout.rank, a)))
+                self._wait(st.pending.pop(message_key(rank, a)))
             elif a.kind == Kind.ALLREDUCE:
                 self._allreduce(a)
             else:
@@ -216,18 +197,18 @@ class StageExecutor:
             timings.append((a, t0, t1))
             if a.kind in (Kind.ENC_FWD, Kind.ENC_BWD, Kind.LLM_FWD, Kind.LLM_BWD):
                 busy += t1 - t0
-        for work in list(self._pending.values()):  # plans without completion points
-            self._wait(work)
-        if self._outbox or self._inbox:
-            raise OmniRuntimeError(f"messages left unposted {list(self._outbox)[:4]} or "
-                                   f"never received {list(self._inbox)[:4]} by the plan")
+        for posted in list(st.pending.values()):  # plans without completion points
+            self._wait(posted)
+        if st.outbox or st.inbox:
+            raise OmniRuntimeError(f"messages left unposted {list(st.outbox)[:4]} or "
+                                   f"never received {list(st.inbox)[:4]} by the plan")
         if mode == StepMode.TRAIN:
             self._reduce_shared()
         seconds = time.perf_counter() - t_step
         return StepRecord(float(loss_sum), float(count), seconds, busy, self.meter.peak,
                           [(a, t0 - t_step, t1 - t_step) for a, t0, t1 in timings],
                           torch.cuda.max_memory_allocated(self.device) if cuda else 0,
-                          self._bytes_sent)
+                          st.bytes_sent)
 
     # -- compute --------------------------------------------------------------------------
     def _encode(self, mb: dict[str, Tensor], samples: tuple[int, ...]) -> Tensor:
@@ -250,31 +231,32 @@ class StageExecutor:
         return int(sum(mb[m.lengths].cpu()[s].sum() for m in self.spec.modalities))
 
     def _enc_fwd(self, a: Action) -> None:
-        out = self._encode(self._mbs[a.microbatch], a.samples)
-        self._enc_out[a.microbatch] = out
+        out = self._encode(self._step.microbatches[a.microbatch], a.samples)
+        self._step.enc_out[a.microbatch] = out
         if self.layout.is_first:
-            leaf = out.detach().requires_grad_(self._mode == StepMode.TRAIN)
-            self._local_feat[a.microbatch] = leaf
-            self._feat_in.setdefault(a.microbatch, []).append((a.samples, leaf))
+            leaf = out.detach().requires_grad_(self._step.mode == StepMode.TRAIN)
+            self._step.local_feat[a.microbatch] = leaf
+            self._step.feat_in.setdefault(a.microbatch, []).append((a.samples, leaf))
 
     def _enc_bwd(self, a: Action) -> None:
-        out = self._enc_out.pop(a.microbatch)
+        out = self._step.enc_out.pop(a.microbatch)
         if self.layout.is_first:
-            leaf = self._local_feat.pop(a.microbatch)
+            leaf = self._step.local_feat.pop(a.microbatch)
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         else:
-            grad = self._feat_grad.pop(a.microbatch)
+            grad = self._step.feat_grad.pop(a.microbatch)
         torch.autograd.backward(out, grad)
 
     # -- encoder group actions (LSSP / grouped reordering, see plan.lssp_schedule) -----------
     def _group_enc_fwd(self, a: Action) -> None:
         """Run this rank's part of the group's encoder work; keep the features of this
         replica's own samples (in the FEATURES message layout) like ``_enc_fwd`` does."""
-        plan = self._grouped
-        m, rank, d = a.microbatch, self.layout.rank, self.layout.replica
-        w, b = plan.work(m, rank), plan.batch
-        own = tuple(g - d * b for g in a.samples if d * b <= g < (d + 1) * b)
-        mb = self._mbs[m]
+        plan = self._step.grouped
+        m, rank, replica = a.microbatch, self.layout.rank, self.layout.replica
+        w, batch = plan.work(m, rank), plan.batch
+        first = replica * batch  # pooled id of this replica's sample 0
+        own = tuple(g - first for g in a.samples if first <= g < first + batch)
+        mb = self._step.microbatches[m]
         parts, feats = [], []
         j = w.members.index(rank)
         for k, mod in enumerate(self.spec.modalities):
@@ -284,37 +266,37 @@ class StageExecutor:
             ex = build_exec_plan(split, w.lengths[k], w.owner[k])
             mine = sorted(g for g, o in w.owner[k].items() if o == j)
             x = mb[mod.inputs]
-            inputs = {g: x[g - d * b, :w.lengths[k][g]] for g in mine}
+            inputs = {g: x[g - first, :w.lengths[k][g]] for g in mine}
             res = run_lssp_microbatch(mod.encoder, ex, inputs, w.members, cache=self.cache,
                                       backend=self.ulysses_backend, row_shape=x.shape[2:],
                                       out_dim=self.hidden, dtype=x.dtype)
-            self._bytes_sent += res.bytes_sent
+            self._step.bytes_sent += res.bytes_sent
             part = (torch.cat([res.features[g] for g in mine]) if mine else
                     torch.zeros(0, self.hidden, dtype=self.dtype, device=self.device))
             parts.append((part, res.anchor))
             feats.append(part)
         out = (torch.cat(feats).to(self.dtype) if feats else
                torch.zeros(0, self.hidden, dtype=self.dtype, device=self.device))
-        self._enc_out[m] = out
-        self._enc_parts[m] = parts
+        self._step.enc_out[m] = out
+        self._step.enc_parts[m] = parts
         if self.layout.is_first:
-            leaf = out.detach().requires_grad_(self._mode == StepMode.TRAIN)
-            self._local_feat[m] = leaf
+            leaf = out.detach().requires_grad_(self._step.mode == StepMode.TRAIN)
+            self._step.local_feat[m] = leaf
             if own:
-                self._feat_in.setdefault(m, []).append((own, leaf))
+                self._step.feat_in.setdefault(m, []).append((own, leaf))
 
     def _group_enc_bwd(self, a: Action) -> None:
         """Backward of the group's encoder work, one modality at a time in the same order on
         every member (each runs the group's reverse all-to-alls); a member without features
         of its own still joins them through the received buffer (``anchor``)."""
         m = a.microbatch
-        out = self._enc_out.pop(m)
-        parts = self._enc_parts.pop(m)
+        out = self._step.enc_out.pop(m)
+        parts = self._step.enc_parts.pop(m)
         if self.layout.is_first:
-            leaf = self._local_feat.pop(m)
+            leaf = self._step.local_feat.pop(m)
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         else:
-            grad = self._feat_grad.pop(m, None)
+            grad = self._step.feat_grad.pop(m, None)
             if grad is None:  # no own samples: no FEATURE_GRAD message
                 grad = torch.zeros_like(out)
         grads = grad.split([p.shape[0] for p, _ in parts]) if parts else []
@@ -325,7 +307,7 @@ class StageExecutor:
             total.backward()
 
     def _assemble(self, m: int, mb: dict[str, Tensor], h: Tensor) -> Tensor:
-        sources = self._feat_in.pop(m, [])
+        sources = self._step.feat_in.pop(m, [])
         tokens = mb[self.spec.tokens]
         for k, mod in enumerate(self.spec.modalities):
             lengths = mb[mod.lengths]
@@ -346,29 +328,29 @@ class StageExecutor:
         return h
 
     def _llm_fwd(self, a: Action) -> tuple[Tensor, Tensor] | None:
-        mb = self._mbs[a.microbatch]
+        mb = self._step.microbatches[a.microbatch]
         if self.layout.is_first:
             h = self.spec.embedding(mb[self.spec.tokens])
             h = self._assemble(a.microbatch, mb, h)
         else:
-            h = self._act_in.pop(a.microbatch)
-            self._stage_in[a.microbatch] = h
+            h = self._step.act_in.pop(a.microbatch)
+            self._step.stage_in[a.microbatch] = h
         for block in self.blocks:
             h = block(h)
         if not self.layout.is_last:
-            self._stage_out[a.microbatch] = h
+            self._step.stage_out[a.microbatch] = h
             return None
         logits = self.spec.head(h)
-        if self._mode == StepMode.PREDICT:
-            self.outputs.append(logits.detach())
+        if self._step.mode == StepMode.PREDICT:
+            self._step.outputs.append(logits.detach())
             return None
         total, count = self.spec.loss(logits, mb)
-        if self._mode == StepMode.TRAIN:
-            self._stage_out[a.microbatch] = total
+        if self._step.mode == StepMode.TRAIN:
+            self._step.stage_out[a.microbatch] = total
         with torch.no_grad():
             for name, fn in self.spec.metrics.items():
                 value, n = fn(logits.detach(), mb)
-                sums = self._metric_sums.setdefault(name, [])
+                sums = self._step.metric_sums.setdefault(name, [])
                 sums.append(torch.stack([torch.as_tensor(value, dtype=torch.float64),
                                          torch.as_tensor(n, dtype=torch.float64)]))
         return total, count
@@ -376,35 +358,36 @@ class StageExecutor:
     def metric_sums(self) -> Tensor:
         """``[len(spec.metrics), 2]``: (sum, count) of each metric over this rank's
         microbatches of the last step (zeros off the last stage)."""
-        rows = [torch.stack(self._metric_sums[n]).sum(0) if n in self._metric_sums else
+        sums = self._step.metric_sums
+        rows = [torch.stack(sums[n]).sum(0) if n in sums else
                 torch.zeros(2, dtype=torch.float64) for n in self.spec.metrics]
         return (torch.stack(rows) if rows else torch.zeros(0, 2, dtype=torch.float64)
                 ).to(self.device)
 
     def _llm_bwd(self, a: Action) -> None:
-        out = self._stage_out.pop(a.microbatch)
+        out = self._step.stage_out.pop(a.microbatch)
         if self.layout.is_last:
             out.backward()
         else:
-            torch.autograd.backward(out, self._grad_in.pop(a.microbatch))
+            torch.autograd.backward(out, self._step.grad_in.pop(a.microbatch))
 
     # -- messages -------------------------------------------------------------------------
     def _payload_tensor(self, a: Action) -> Tensor:
         m = a.microbatch
         if a.payload == Payload.ACTIVATION:
-            return self._stage_out[m].detach()
+            return self._step.stage_out[m].detach()
         if a.payload == Payload.GRADIENT:
-            leaf = self._stage_in.pop(m)
+            leaf = self._step.stage_in.pop(m)
             return leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         if a.payload == Payload.FEATURES:
-            return self._enc_out[m].detach()
+            return self._step.enc_out[m].detach()
         if a.payload == Payload.FEATURE_GRAD:
-            leaf = self._remote_feat.pop((m, a.peer))
+            leaf = self._step.remote_feat.pop((m, a.peer))
             return leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         raise OmniRuntimeError(f"action {a}: no tensor for payload {a.payload}")
 
     def _recv_shape(self, a: Action) -> tuple[int, ...]:
-        mb = self._mbs[a.microbatch]
+        mb = self._step.microbatches[a.microbatch]
         if a.payload in (Payload.ACTIVATION, Payload.GRADIENT):
             return (*mb[self.spec.tokens].shape, self.hidden)
         return (self._feature_rows(mb, a.samples), self.hidden)
@@ -430,31 +413,31 @@ class StageExecutor:
             key = message_key(self.layout.rank, a)
             with communicating(self._what(a), self.timeout):
                 if a.kind == Kind.SEND:
-                    t = self._outbox.pop(key)
-                    self._pending[key] = (dist.isend(t, a.peer), t, a)
+                    t = self._step.outbox.pop(key)
+                    self._step.pending[key] = Posted(dist.isend(t, a.peer), t, a)
                 else:
                     buf = torch.empty(self._recv_shape(a), dtype=self._recv_dtype(a),
                                       device=self.device)
-                    self._inbox[key] = (dist.irecv(buf, a.peer), buf, a)
+                    self._step.inbox[key] = Posted(dist.irecv(buf, a.peer), buf, a)
 
     def _recv(self, a: Action) -> None:
-        work, buf, _ = self._inbox.pop(message_key(self.layout.rank, a))
-        self._wait((work, buf, a))
+        work, buf, _ = self._step.inbox.pop(message_key(self.layout.rank, a))
+        self._wait(Posted(work, buf, a))
         m = a.microbatch
         if a.payload == Payload.ACTIVATION:
-            self._act_in[m] = buf.requires_grad_(self._mode == StepMode.TRAIN)
+            self._step.act_in[m] = buf.requires_grad_(self._step.mode == StepMode.TRAIN)
         elif a.payload == Payload.GRADIENT:
-            self._grad_in[m] = buf
+            self._step.grad_in[m] = buf
         elif a.payload == Payload.FEATURES:
-            leaf = buf.requires_grad_(self._mode == StepMode.TRAIN)
-            self._remote_feat[m, a.peer] = leaf
-            self._feat_in.setdefault(m, []).append((a.samples, leaf))
+            leaf = buf.requires_grad_(self._step.mode == StepMode.TRAIN)
+            self._step.remote_feat[m, a.peer] = leaf
+            self._step.feat_in.setdefault(m, []).append((a.samples, leaf))
         elif a.payload == Payload.FEATURE_GRAD:
-            self._feat_grad[m] = buf
+            self._step.feat_grad[m] = buf
 
-    def _wait(self, pending: tuple) -> None:
+    def _wait(self, posted: Posted) -> None:
         """Wait for an ``isend``/``irecv`` posted for action ``a``."""
-        work, _, a = pending
+        work, _, a = posted
         what = self._what(a) + (" (waiting for the peer to take it)" if a.kind != Kind.RECV
                                 else "")
         t0 = time.monotonic()
@@ -464,7 +447,7 @@ class StageExecutor:
             raise timed_out(what, time.monotonic() - t0, self.timeout)
 
     def _allreduce(self, a: Action) -> None:
-        if self._mode != StepMode.TRAIN:
+        if self._step.mode != StepMode.TRAIN:
             return
         params = self._plan_reduce.get((a.payload, tuple(sorted(a.group))), [])
         self._sum_grads(params, a.group, f"{a.payload} all-reduce")
