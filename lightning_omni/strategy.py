@@ -295,7 +295,7 @@ class OmniStrategy(DDPStrategy):
                      "data_parallel %d; LLM blocks per stage %s; schedule %r, %d microbatches "
                      "per replica; lssp=%s, reorder=%s, zero_stage=%d, meta build materialized "
                      "per stage: %s",
-                     layout.world_size, layout.pipeline, layout.data,
+                     layout.world_size, layout.pp, layout.dp,
                      [hi - lo for lo, hi in layout.block_bounds], self.schedule,
                      self.num_microbatches, self.lssp, self.reorder, self.zero_stage,
                      self._built_here)
@@ -420,7 +420,7 @@ class OmniStrategy(DDPStrategy):
             ckpt.write_shard(filepath, layout.stage, checkpoint)
         self.barrier("omni_save_shards")
         if self.is_global_zero:
-            ckpt.write_marker(filepath, layout.pipeline)
+            ckpt.write_marker(filepath, layout.pp)
         self.barrier("omni_save_marker")
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:

@@ -36,10 +36,11 @@ def write_shard(directory: str | os.PathLike, stage: int, checkpoint: dict[str, 
     atomic_save(checkpoint, shard_path(path, stage))
 
 
-def write_marker(directory: str | os.PathLike, num_stages: int) -> None:
+def write_marker(directory: str | os.PathLike, pp: int) -> None:
+    """Mark a complete sharded checkpoint of ``pp`` stages (the file's key stays "stages")."""
     path = Path(directory) / MARKER
     tmp = path.with_name(f".{MARKER}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"format": "lightning_omni.stage_shards", "stages": num_stages}))
+    tmp.write_text(json.dumps({"format": "lightning_omni.stage_shards", "stages": pp}))
     os.replace(tmp, path)
 
 

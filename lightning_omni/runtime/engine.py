@@ -47,7 +47,7 @@ SCHEDULES = ("encoder_first_stage", "uniform_insertion")
 
 
 @lru_cache(maxsize=64)
-def build_plan(schedule: str, pipeline: int, costs: tuple) -> Schedule:
+def build_plan(schedule: str, pp: int, costs: tuple) -> Schedule:
     """The step's plan for all replicas. ``costs[d][m][i]``: encoder cost of sample i of
     microbatch m in replica d (0: no encoder input)."""
     one_of("schedule", schedule, SCHEDULES)
@@ -57,20 +57,20 @@ def build_plan(schedule: str, pipeline: int, costs: tuple) -> Schedule:
         if schedule == "uniform_insertion":
             # stage 0 runs its share inline (no run-ahead), so it keeps its share of the
             # drain microbatches too (fewer encoder backwards left after the last B)
-            samples, shares = assign_encoder_samples(rep_costs, pipeline,
+            samples, shares = assign_encoder_samples(rep_costs, pp,
                                                      skip_stage0_drain=False)
-            reps.append(uniform_insertion(pipeline, n, shares, samples=samples,
+            reps.append(uniform_insertion(pp, n, shares, samples=samples,
                                           inline_stage0=True))
         else:
             own = [tuple(i for i, c in enumerate(row) if c > 0) for row in rep_costs]
-            reps.append(encoder_first_stage(pipeline, n, samples=own))
+            reps.append(encoder_first_stage(pp, n, samples=own))
     return with_completion_points(for_replicas(reps))
 
 
 @lru_cache(maxsize=64)
-def build_forward_plan(schedule: str, pipeline: int, costs: tuple) -> Schedule:
+def build_forward_plan(schedule: str, pp: int, costs: tuple) -> Schedule:
     """``build_plan`` without its backward half (evaluation and prediction)."""
-    return forward_only(build_plan(schedule, pipeline, costs))
+    return forward_only(build_plan(schedule, pp, costs))
 
 
 @dataclass
@@ -96,8 +96,8 @@ class OmniEngine:
         self.spec, self.layout, self.schedule = spec, layout, schedule
         self.num_microbatches, self.timeout, self.device = num_microbatches, timeout, device
         self.hosting: Hosting = param_hosting(spec, layout, schedule)
-        self.encoder_ranks = tuple(sorted(d * layout.pipeline + s for d in range(layout.data)
-                                          for s in encoder_stages(schedule, layout.pipeline)))
+        self.encoder_ranks = tuple(sorted(d * layout.pp + s for d in range(layout.dp)
+                                          for s in encoder_stages(schedule, layout.pp)))
         self.executor: StageExecutor | None = None
         self.probe: Probe | None = None
         self.steps = 0  # steps run by this engine (any mode), for error messages
@@ -120,7 +120,7 @@ class OmniEngine:
         same parameters, created in the same order on every rank."""
         lay = self.layout
         groups: dict[tuple[int, ...], object] = {tuple(range(lay.world_size)): dist.group.WORLD}
-        wanted = [lay.stage_group(s) for s in range(lay.pipeline)]
+        wanted = [lay.stage_group(s) for s in range(lay.pp)]
         wanted += [self.encoder_ranks, *self.hosting.groups()]
         for ranks in wanted:
             if ranks not in groups:
@@ -135,7 +135,7 @@ class OmniEngine:
             raise ValueError(f"locality_groups: expected one group id per rank "
                              f"({lay.world_size}), got {len(opts.locality)}")
         cache = SubgroupCache(timeout=self.timeout)
-        for s in range(lay.pipeline):
+        for s in range(lay.pp):
             for members in locality_subgroups(lay.stage_group(s), opts.locality):
                 for ranks in [members, *sp_subgroups(members, opts.heads)]:
                     if ranks not in self.groups:
@@ -249,12 +249,12 @@ class OmniEngine:
                            self.timeout):
             dist.all_gather_object(everyone, local)
         for r, got in enumerate(everyone):
-            first = (r // lay.pipeline) * lay.pipeline
+            first = (r // lay.pp) * lay.pp
             if got != everyone[first]:
                 raise ValueError(f"batch: rank {r} loaded other samples than rank {first} of the "
                                  "same pipeline replica; every stage of a replica must read the "
                                  "replica's shard (the same batches in the same order)")
-        return [everyone[d * lay.pipeline] for d in range(lay.data)]
+        return [everyone[d * lay.pp] for d in range(lay.dp)]
 
     def _microbatches(self, batch: dict[str, Tensor], mode: StepMode) -> list[dict[str, Tensor]]:
         """Training splits into ``num_microbatches`` equal parts (the step equals one large
@@ -293,13 +293,13 @@ class OmniEngine:
         if self.group_options is not None:
             lengths = tuple(self._gather(self.sample_lengths(mbs)))
             names = tuple(m.name for m in self.spec.modalities)
-            grouped = build_grouped_plan(self.schedule, self.layout.pipeline, lengths,
+            grouped = build_grouped_plan(self.schedule, self.layout.pp, lengths,
                                          self.group_options, names)
             plan = grouped.schedule if mode == StepMode.TRAIN else forward_only(grouped.schedule)
         else:
             costs = tuple(self._gather(self.sample_costs(mbs)))
             build = build_plan if mode == StepMode.TRAIN else build_forward_plan
-            plan = build(self.schedule, self.layout.pipeline, costs)
+            plan = build(self.schedule, self.layout.pp, costs)
         record = self.executor.run(plan, mbs, grouped, mode,
                                    forward_context)
         if mode == StepMode.PREDICT:
@@ -316,8 +316,8 @@ class OmniEngine:
         else:
             shape = (*batch[self.spec.tokens].shape, *probe.logits_shape)
             out = torch.empty(shape, dtype=probe.logits_dtype, device=self.device)
-        last = lay.peer(lay.pipeline - 1)
-        for s in range(lay.pipeline - 1):
+        last = lay.peer(lay.pp - 1)
+        for s in range(lay.pp - 1):
             if lay.is_last:
                 with communicating(f"send of the head's output to rank {lay.peer(s)}",
                                    self.timeout):
@@ -346,7 +346,7 @@ class OmniEngine:
                         p.grad.div_(count)
         metrics = {name: (totals[i + 1, 0] / totals[i + 1, 1]).cpu()
                    for i, name in enumerate(self.spec.metrics)}
-        tokens = int(batch[self.spec.tokens].numel()) * self.layout.data
+        tokens = int(batch[self.spec.tokens].numel()) * self.layout.dp
         return StepResult(torch.tensor(loss_sum / count, dtype=torch.float64), record, plan,
                           tokens, grouped, metrics)
 

@@ -19,9 +19,9 @@ from ..spec import OmniSpec
 from .layout import Layout
 
 
-def encoder_stages(schedule: str, pipeline: int) -> tuple[int, ...]:
+def encoder_stages(schedule: str, pp: int) -> tuple[int, ...]:
     """Stages whose ranks run encoder work: all under uniform insertion, else stage 0."""
-    return tuple(range(pipeline)) if schedule == "uniform_insertion" else (0,)
+    return tuple(range(pp)) if schedule == "uniform_insertion" else (0,)
 
 
 def stage_modules(spec: OmniSpec, layout: Layout, stage: int, encoders: bool) -> list[nn.Module]:
@@ -31,7 +31,7 @@ def stage_modules(spec: OmniSpec, layout: Layout, stage: int, encoders: bool) ->
     mods: list[nn.Module] = list(spec.blocks)[lo:hi]
     if stage == 0:
         mods.insert(0, spec.embedding)
-    if stage == layout.pipeline - 1:
+    if stage == layout.pp - 1:
         mods.append(spec.head)
     if encoders:
         mods += [m.encoder for m in spec.modalities]
@@ -94,19 +94,19 @@ class Hosting:
                 out.setdefault(h, []).append(p)
         return out
 
-    def shared_between_stages(self, pipeline: int) -> list[tuple[int, ...]]:
+    def shared_between_stages(self, pp: int) -> list[tuple[int, ...]]:
         """Holder sets that span more than one stage (tied weights, shared modules)."""
-        return [h for h in self.groups() if len({r % pipeline for r in h}) > 1]
+        return [h for h in self.groups() if len({r % pp for r in h}) > 1]
 
 
 def param_hosting(spec: OmniSpec, layout: Layout, schedule: str) -> Hosting:
-    enc = set(encoder_stages(schedule, layout.pipeline))
+    enc = set(encoder_stages(schedule, layout.pp))
     stages_of: dict[int, set[int]] = {}
-    for s in range(layout.pipeline):
+    for s in range(layout.pp):
         for mod in stage_modules(spec, layout, s, s in enc):
             for p in mod.parameters():
                 stages_of.setdefault(id(p), set()).add(s)
     params = all_parameters(spec)
-    holders = tuple(tuple(sorted(d * layout.pipeline + s for d in range(layout.data)
+    holders = tuple(tuple(sorted(d * layout.pp + s for d in range(layout.dp)
                                  for s in stages_of[id(p)])) for p in params)
     return Hosting(tuple(params), holders, layout.rank)

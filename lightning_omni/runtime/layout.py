@@ -8,21 +8,21 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Layout:
-    """Ranks are numbered replica by replica: ``rank = replica * pipeline + stage``."""
+    """Ranks are numbered replica by replica: ``rank = replica * pp + stage``."""
 
     world_size: int
     rank: int
-    pipeline: int
-    data: int
+    pp: int  # pipeline stages per replica (``OmniStrategy(pipeline_parallel=)``)
+    dp: int  # data-parallel replicas (``OmniStrategy(data_parallel=)``)
     block_bounds: tuple[tuple[int, int], ...]  # [lo, hi) per stage
 
     @property
     def stage(self) -> int:
-        return self.rank % self.pipeline
+        return self.rank % self.pp
 
     @property
     def replica(self) -> int:
-        return self.rank // self.pipeline
+        return self.rank // self.pp
 
     @property
     def is_first(self) -> bool:
@@ -30,37 +30,37 @@ class Layout:
 
     @property
     def is_last(self) -> bool:
-        return self.stage == self.pipeline - 1
+        return self.stage == self.pp - 1
 
     def peer(self, stage: int) -> int:
         """Global rank of ``stage`` in this rank's replica."""
-        return self.replica * self.pipeline + stage
+        return self.replica * self.pp + stage
 
     def stage_group(self, stage: int) -> tuple[int, ...]:
         """Ranks hosting ``stage`` in every replica (its data-parallel group)."""
-        return tuple(d * self.pipeline + stage for d in range(self.data))
+        return tuple(replica * self.pp + stage for replica in range(self.dp))
 
 
-def make_layout(world_size: int, rank: int, pipeline: int, data: int,
+def make_layout(world_size: int, rank: int, pp: int, dp: int,
                 block_costs: Sequence[float], stage_blocks: Sequence[int] | None = None) -> Layout:
     """Check the parallel sizes against the world and cut the blocks into stages."""
-    if pipeline < 1 or data < 1 or pipeline * data != world_size:
+    if pp < 1 or dp < 1 or pp * dp != world_size:
         raise ValueError(f"pipeline_parallel * data_parallel: expected the world size "
-                         f"{world_size}, got {pipeline} * {data} = {pipeline * data}")
+                         f"{world_size}, got {pp} * {dp} = {pp * dp}")
     n = len(block_costs)
     if stage_blocks is not None:
-        if len(stage_blocks) != pipeline or any(b < 1 for b in stage_blocks) or \
+        if len(stage_blocks) != pp or any(b < 1 for b in stage_blocks) or \
                 sum(stage_blocks) != n:
-            raise ValueError(f"stage_blocks: expected {pipeline} positive counts summing to "
+            raise ValueError(f"stage_blocks: expected {pp} positive counts summing to "
                              f"{n} blocks, got {list(stage_blocks)}")
         counts = list(stage_blocks)
     else:
-        counts = partition_blocks(block_costs, pipeline)
+        counts = partition_blocks(block_costs, pp)
     bounds, lo = [], 0
     for c in counts:
         bounds.append((lo, lo + c))
         lo += c
-    return Layout(world_size, rank, pipeline, data, tuple(bounds))
+    return Layout(world_size, rank, pp, dp, tuple(bounds))
 
 
 def partition_blocks(costs: Sequence[float], parts: int) -> list[int]:

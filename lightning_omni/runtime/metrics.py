@@ -74,7 +74,7 @@ def step_metrics(result: StepResult, layout: Layout) -> dict[str, float]:
                "omni/tokens_per_s": result.tokens / step if step > 0 else 0.0}
     bubbles = [1.0 - float(r[1]) / step if step > 0 else 0.0 for r in rows]
     metrics["omni/bubble_fraction"] = sum(bubbles) / len(bubbles)
-    for s in range(layout.pipeline):
+    for s in range(layout.pp):
         ranks = layout.stage_group(s)
         metrics[f"omni/bubble_fraction/stage{s}"] = max(bubbles[r] for r in ranks)
         metrics[f"omni/peak_saved_activation_mb/stage{s}"] = max(
