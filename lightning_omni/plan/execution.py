@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from .actions import COLLECTIVE_KINDS, Action, Kind, message_key
 
 MessageKey = tuple[str, int, int, int]
+_MESSAGE_KINDS = frozenset({Kind.SEND, Kind.RECV, Kind.WAIT})
+_NEEDS = {Kind.RECV: Kind.SEND, Kind.WAIT: Kind.RECV}
 
 
 class ScheduleError(ValueError):
@@ -84,10 +86,9 @@ class ProgramRun:
     # -- the rules ------------------------------------------------------------------------
     def run(self) -> list[tuple[int, int]]:
         """Run to completion or deadlock; return (rank, index) where ranks stay blocked."""
-        sent: dict[MessageKey, float] = {}
-        taken: dict[MessageKey, float] = {}
-        recv_waits: dict[MessageKey, int] = {}  # message -> rank blocked at its RECV
-        wait_waits: dict[MessageKey, int] = {}  # message -> rank blocked at its WAIT
+        # (SEND or RECV, message) -> the value handed to the action that waits for it
+        done: dict[tuple[Kind, MessageKey], float] = {}
+        waiting: dict[tuple[Kind, MessageKey], int] = {}  # what a blocked rank waits for
         meet = Rendezvous()
         gathering: set[int] = set()  # ranks blocked at a grouped collective
         turns = [(0, r) for r in range(len(self.programs))]  # (pass, rank), a heap
@@ -100,25 +101,23 @@ class ProgramRun:
             prog, pcs = self.programs[rank], self.pcs
             while pcs[rank] < len(prog):
                 a = prog[pcs[rank]]
-                if a.kind == Kind.SEND:
+                if a.kind in _MESSAGE_KINDS:
                     key = message_key(rank, a)
-                    sent[key] = self.on_send(rank, a, key)
-                    if key in recv_waits:
-                        wake(recv_waits.pop(key))
-                elif a.kind == Kind.RECV:
-                    key = message_key(rank, a)
-                    if key not in sent:
-                        recv_waits[key] = rank
-                        break
-                    taken[key] = self.on_recv(rank, a, key, sent.pop(key))
-                    if key in wait_waits:
-                        wake(wait_waits.pop(key))
-                elif a.kind == Kind.WAIT:
-                    key = message_key(rank, a)
-                    if key not in taken:
-                        wait_waits[key] = rank
-                        break
-                    self.on_wait(rank, a, key, taken.pop(key))
+                    value = 0.0
+                    if a.kind in _NEEDS:  # RECV needs its SEND, WAIT its RECV
+                        event = (_NEEDS[a.kind], key)
+                        if event not in done:
+                            waiting[event] = rank
+                            break
+                        value = done.pop(event)
+                    if a.kind == Kind.SEND:
+                        done[Kind.SEND, key] = self.on_send(rank, a, key)
+                    elif a.kind == Kind.RECV:
+                        done[Kind.RECV, key] = self.on_recv(rank, a, key, value)
+                    else:
+                        self.on_wait(rank, a, key, value)
+                    if (a.kind, key) in waiting:
+                        wake(waiting.pop((a.kind, key)))
                 elif a.kind in COLLECTIVE_KINDS:
                     start = self.arrival(rank, a)
                     if a.group:

@@ -80,17 +80,17 @@ def interleaved_order(num_stages: int, num_microbatches: int, stage: int,
     """('F' | 'B', microbatch, chunk) order of one rank; ``num_chunks == 1`` is plain 1F1B."""
     check_interleaving(num_stages, num_microbatches, num_chunks)
     _require(0 <= stage < num_stages, "stage", f"in [0, {num_stages})", stage)
-    p, v = num_stages, num_chunks
-    if v == 1:
-        return [(op, m, 0) for op, m in one_f_one_b_order(p, num_microbatches, stage)]
+    pp, vpp = num_stages, num_chunks
+    if vpp == 1:
+        return [(op, m, 0) for op, m in one_f_one_b_order(pp, num_microbatches, stage)]
 
     def nth(k: int, backward: bool) -> tuple[int, int]:
-        group, pos = divmod(k, p * v)
-        chunk = pos // p
-        return group * p + pos % p, (v - 1 - chunk) if backward else chunk
+        group, pos = divmod(k, pp * vpp)
+        chunk = pos // pp
+        return group * pp + pos % pp, (vpp - 1 - chunk) if backward else chunk
 
-    total = num_microbatches * v
-    warm = warmup_forwards(p, num_microbatches, stage, v)
+    total = num_microbatches * vpp
+    warm = warmup_forwards(pp, num_microbatches, stage, vpp)
     order = [("F", *nth(k, False)) for k in range(warm)]
     for i in range(total - warm):
         order += [("F", *nth(warm + i, False)), ("B", *nth(i, True))]
@@ -98,28 +98,28 @@ def interleaved_order(num_stages: int, num_microbatches: int, stage: int,
     return order
 
 
-def _llm_block(op: str, m: int, chunk: int, rank: int, p: int, v: int,
+def _llm_block(op: str, m: int, chunk: int, rank: int, pp: int, vpp: int,
                ranks: Sequence[int]) -> list[Action]:
     """RECV, compute and SEND of one chunk; ``stage`` is the virtual stage, a message's
     ``chunk`` the chunk of the lower virtual stage of the boundary it crosses."""
-    k, last = chunk * p + rank, p * v - 1
+    k, last = chunk * pp + rank, pp * vpp - 1
     out: list[Action] = []
     if op == "F":
         if k > 0:
-            out.append(Action(Kind.RECV, m, k, ranks[(k - 1) % p], Payload.ACTIVATION,
-                              chunk=(k - 1) // p))
+            out.append(Action(Kind.RECV, m, k, ranks[(k - 1) % pp], Payload.ACTIVATION,
+                              chunk=(k - 1) // pp))
         out.append(Action(Kind.LLM_FWD, m, k))
         if k < last:
-            out.append(Action(Kind.SEND, m, k, ranks[(k + 1) % p], Payload.ACTIVATION,
-                              chunk=k // p))
+            out.append(Action(Kind.SEND, m, k, ranks[(k + 1) % pp], Payload.ACTIVATION,
+                              chunk=k // pp))
     else:
         if k < last:
-            out.append(Action(Kind.RECV, m, k, ranks[(k + 1) % p], Payload.GRADIENT,
-                              chunk=k // p))
+            out.append(Action(Kind.RECV, m, k, ranks[(k + 1) % pp], Payload.GRADIENT,
+                              chunk=k // pp))
         out.append(Action(Kind.LLM_BWD, m, k))
         if k > 0:
-            out.append(Action(Kind.SEND, m, k, ranks[(k - 1) % p], Payload.GRADIENT,
-                              chunk=(k - 1) // p))
+            out.append(Action(Kind.SEND, m, k, ranks[(k - 1) % pp], Payload.GRADIENT,
+                              chunk=(k - 1) // pp))
     return out
 
 
@@ -142,7 +142,7 @@ def _split(prog: Sequence[Action]) -> tuple[list[tuple[str, int]], list[list[Act
     return ops, gaps
 
 
-def _rethread(prog: Sequence[Action], rank: int, p: int, n: int, v: int,
+def _rethread(prog: Sequence[Action], rank: int, pp: int, n: int, vpp: int,
               ranks: Sequence[int]) -> list[Action]:
     ops, gaps = _split(prog)
     _require(sorted(ops) == sorted([("F", m) for m in range(n)] + [("B", m) for m in range(n)]),
@@ -163,7 +163,7 @@ def _rethread(prog: Sequence[Action], rank: int, p: int, n: int, v: int,
                 before.setdefault(nxt, []).append(a)
             else:
                 after.setdefault(prev if prev is not None else nxt, []).append(a)
-    order = interleaved_order(p, n, rank, v)
+    order = interleaved_order(pp, n, rank, vpp)
     backs = [(m, c) for op, m, c in order if op == "B"]
     at_back = {mc: i for i, mc in enumerate(backs)}
     delay = 0 if rank == ranks[0] else ranks.index(rank) + 1
@@ -175,7 +175,7 @@ def _rethread(prog: Sequence[Action], rank: int, p: int, n: int, v: int,
     for op, m, c in order:
         if op == "F" and c == 0:
             out += before.pop((op, m), [])
-        out += _llm_block(op, m, c, ranks.index(rank), p, v, ranks)
+        out += _llm_block(op, m, c, ranks.index(rank), pp, vpp, ranks)
         if c == 0:
             out += after.pop((op, m), [])
         if op == "B":
@@ -198,17 +198,17 @@ def interleave(base: Schedule, num_chunks: int) -> Schedule:
     _require(all(a.kind != Kind.WAIT for prog in base.actions for a in prog), "base",
              "a schedule without WAIT actions (add completion points after interleaving)",
              base.name)
-    p, n, v = base.num_stages, base.num_microbatches, num_chunks
+    pp, n, vpp = base.num_stages, base.num_microbatches, num_chunks
     ranks = base.stage_ranks
-    programs = [tuple(_rethread(prog, r, p, n, v, ranks)) if r in ranks else prog
+    programs = [tuple(_rethread(prog, r, pp, n, vpp, ranks)) if r in ranks else prog
                 for r, prog in enumerate(base.actions)]
-    sched = Schedule(f"{base.name}+vpp{v}", p, n, ranks, base.encoder_ranks, tuple(programs),
-                     (), (), 1, v)
+    sched = Schedule(f"{base.name}+vpp{vpp}", pp, n, ranks, base.encoder_ranks, tuple(programs),
+                     (), (), 1, vpp)
     llm, enc = max_in_flight(sched)
-    return Schedule(sched.name, p, n, ranks, base.encoder_ranks, sched.actions,
+    return Schedule(sched.name, pp, n, ranks, base.encoder_ranks, sched.actions,
                     tuple(llm[r] for r in ranks) + tuple(0 for r in range(len(programs))
                                                         if r not in ranks),
-                    tuple(enc), 1, v)
+                    tuple(enc), 1, vpp)
 
 
 def disaggregated_prefetch(num_stages: int, num_microbatches: int, num_chunks: int) -> int:
@@ -216,15 +216,15 @@ def disaggregated_prefetch(num_stages: int, num_microbatches: int, num_chunks: i
     never waits for a feature gradient that needs features it has not sent: the most
     microbatches stage 0 forwards (chunk 0) beyond ``m`` before its chunk-0 backward of
     ``m``."""
-    p = num_stages
-    order = interleaved_order(p, num_microbatches, 0, num_chunks)
-    ahead, seen = max(1, p - 1), -1
+    pp = num_stages
+    order = interleaved_order(pp, num_microbatches, 0, num_chunks)
+    ahead, seen = max(1, pp - 1), -1
     for op, m, c in order:
         if op == "F" and c == 0:
             seen = max(seen, m)
         elif op == "B" and c == 0:
             ahead = max(ahead, seen - m)
-    return max(ahead, p)
+    return max(ahead, pp)
 
 
 def build_interleaved(name: str, num_stages: int, num_microbatches: int, num_chunks: int,

@@ -153,12 +153,12 @@ def split_microbatch(items: Sequence[WorkItem], group_size: int, heads: int,
     shorts.sort(key=lambda it: (-it.seconds, it.sample_id))
     heap = [(sp_load[r], r) for r in range(group_size)]
     heapq.heapify(heap)
-    dp: list[list[int]] = [[] for _ in range(group_size)]
+    dp_samples: list[list[int]] = [[] for _ in range(group_size)]
     dp_load = [0.0] * group_size
     dp_mem = [0.0] * group_size
     for it in shorts:
         _, r = heapq.heappop(heap)
-        dp[r].append(it.sample_id)
+        dp_samples[r].append(it.sample_id)
         dp_load[r] += it.seconds
         dp_mem[r] += it.memory_bytes
         heapq.heappush(heap, (sp_load[r] + dp_load[r], r))
@@ -170,7 +170,7 @@ def split_microbatch(items: Sequence[WorkItem], group_size: int, heads: int,
     mem_of = {it.sample_id: it.memory_bytes for it in items}
     peak = tuple(dp_mem[r] + sum(mem_of[g.sample_id] / len(g.ranks) for g in groups
                                  if r in g.ranks) for r in range(group_size))
-    return MicrobatchSplit(microbatch, phases, tuple(groups), tuple(tuple(d) for d in dp),
+    return MicrobatchSplit(microbatch, phases, tuple(groups), tuple(tuple(d) for d in dp_samples),
                            finish, peak)
 
 

@@ -173,17 +173,17 @@ def _split(m: int, items: list[WorkItem], owner: Mapping[int, int], n: int, head
         split = split_microbatch(items, n, heads, opts.max_rows, m)
         if not opts.reorder:  # short samples stay with their owner
             sp_ids = {g.sample_id for g in split.sp_groups}
-            dp = tuple(tuple(it.sample_id for it in own if it.sample_id not in sp_ids)
+            dp_samples = tuple(tuple(it.sample_id for it in own if it.sample_id not in sp_ids)
                        for own in by_owner)
-            split = replace(split, dp_samples=dp)
+            split = replace(split, dp_samples=dp_samples)
         return split
     if opts.reorder and n > 1:
         plan = plan_reorder([[Item(it.sample_id, it.seconds) for it in own] for own in by_owner],
                             [0] * n)
-        dp = plan.assignment
+        dp_samples = plan.assignment
     else:
-        dp = tuple(tuple(it.sample_id for it in own) for own in by_owner)
-    return MicrobatchSplit(m, (DP,), (), tuple(tuple(sorted(d)) for d in dp),
+        dp_samples = tuple(tuple(it.sample_id for it in own) for own in by_owner)
+    return MicrobatchSplit(m, (DP,), (), tuple(tuple(sorted(d)) for d in dp_samples),
                            (0.0,) * n, (0.0,) * n)
 
 
@@ -204,11 +204,11 @@ def _check_rows(rows: int, where: str, n: int, heads: int, opts: GroupOptions) -
                          f"heads); over lssp_max_rows={opts.max_rows:g}")
 
 
-def _group_work(m: int, stage: int, members: tuple[int, ...], pipeline: int, batch: int,
+def _group_work(m: int, stage: int, members: tuple[int, ...], pp: int, batch: int,
                 pooled: Sequence[int], lengths, opts: GroupOptions,
                 modality_names: Sequence[str]) -> GroupWork:
     n = len(members)
-    replicas = tuple(r // pipeline for r in members)
+    replicas = tuple(r // pp for r in members)
     member_of = {d: j for j, d in enumerate(replicas)}
     items: list[list[WorkItem]] = []
     lens: list[dict[int, int]] = []
@@ -246,9 +246,9 @@ def _group_work(m: int, stage: int, members: tuple[int, ...], pipeline: int, bat
             continue
         if joint is not None:
             stride, assignment = joint
-            dp = tuple(tuple(sorted(x - k * stride for x in a if x // stride == k))
+            dp_samples = tuple(tuple(sorted(x - k * stride for x in a if x // stride == k))
                        for a in assignment)
-            split = MicrobatchSplit(m, (DP,), (), dp, (0.0,) * n, (0.0,) * n)
+            split = MicrobatchSplit(m, (DP,), (), dp_samples, (0.0,) * n, (0.0,) * n)
         else:
             split = _split(m, items[k], owners[k], n, heads, opts)
         for j, sids in enumerate(split.dp_samples):
@@ -308,42 +308,42 @@ def _own(samples: Sequence[int], replica: int, batch: int) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=64)
-def build_grouped_plan(schedule: str, pipeline: int, lengths: tuple, opts: GroupOptions,
+def build_grouped_plan(schedule: str, pp: int, lengths: tuple, opts: GroupOptions,
                        modality_names: tuple[str, ...] = ()) -> GroupedPlan:
     """The step's plan with encoder group actions (see the module docstring).
 
     ``lengths[d][m][i][k]``: encoder rows of modality k in sample i of microbatch m of
     replica d (0: none); every replica has the same number of microbatches and samples."""
     _require(schedule in GROUPED_SCHEDULES, "schedule", f"one of {GROUPED_SCHEDULES}", schedule)
-    data = len(lengths)
-    _require(data >= 1, "lengths", "one entry per replica", data)
+    dp = len(lengths)
+    _require(dp >= 1, "lengths", "one entry per replica", dp)
     n_mb = len(lengths[0])
     batch = len(lengths[0][0]) if n_mb else 0
     shapes = [(len(rep), tuple(len(mb) for mb in rep)) for rep in lengths]
     _require(len(set(shapes)) == 1 and len(set(shapes[0][1])) <= 1, "lengths",
              f"{n_mb} microbatches of {batch} samples in every replica", shapes)
-    _require(len(opts.locality) == pipeline * data, "locality",
-             f"one group id per rank ({pipeline * data})", len(opts.locality))
+    _require(len(opts.locality) == pp * dp, "locality",
+             f"one group id per rank ({pp * dp})", len(opts.locality))
     names = modality_names or tuple(f"modality {k}" for k in range(len(opts.heads)))
-    pooled_costs = [tuple(float(sum(lengths[d][m][i])) for d in range(data)
+    pooled_costs = [tuple(float(sum(lengths[d][m][i])) for d in range(dp)
                           for i in range(batch)) for m in range(n_mb)]
     if schedule == "uniform_insertion":
-        samples, shares = assign_encoder_samples(pooled_costs, pipeline, skip_stage0_drain=False)
-        template = uniform_insertion(pipeline, n_mb, shares, samples=samples, inline_stage0=True)
+        samples, shares = assign_encoder_samples(pooled_costs, pp, skip_stage0_drain=False)
+        template = uniform_insertion(pp, n_mb, shares, samples=samples, inline_stage0=True)
     else:
-        samples = [[tuple(g for g, c in enumerate(row) if c > 0)] + [()] * (pipeline - 1)
+        samples = [[tuple(g for g, c in enumerate(row) if c > 0)] + [()] * (pp - 1)
                    for row in pooled_costs]
-        template = encoder_first_stage(pipeline, n_mb, samples=[s[0] for s in samples])
+        template = encoder_first_stage(pp, n_mb, samples=[s[0] for s in samples])
 
     works: list[GroupWork] = []
     by_key: dict[tuple[int, int], GroupWork] = {}
     for m in range(n_mb):
-        for s in range(pipeline):
+        for s in range(pp):
             if not samples[m][s]:
                 continue
-            dp_group = tuple(d * pipeline + s for d in range(data))
+            dp_group = tuple(d * pp + s for d in range(dp))
             for members in locality_subgroups(dp_group, opts.locality):
-                w = _group_work(m, s, members, pipeline, batch, samples[m][s], lengths, opts,
+                w = _group_work(m, s, members, pp, batch, samples[m][s], lengths, opts,
                                 names)
                 works.append(w)
                 for r in members:
@@ -351,7 +351,7 @@ def build_grouped_plan(schedule: str, pipeline: int, lengths: tuple, opts: Group
 
     # per replica: feature messages carry that replica's own samples (none: no message)
     reps = []
-    for d in range(data):
+    for d in range(dp):
         progs = []
         for prog in template.actions:
             new = []

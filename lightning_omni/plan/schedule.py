@@ -31,24 +31,11 @@ from enum import Enum
 
 from lightning_omnilab.validate import non_negative_int, positive_int
 
-from .actions import (
-    COLLECTIVE_KINDS,
-    COMPUTE_KINDS,
-    Action,
-    Kind,
-    Payload,
-    message_key,
-)
+from .actions import COLLECTIVE_KINDS as COLLECTIVE_KINDS  # re-exported: the IR's vocabulary
+from .actions import COMPUTE_KINDS, Action, Kind, Payload, message_key
 from .costs import _require
-from .execution import ScheduleError, execute_order
-
-__all__ = [
-    "BACKWARD_PAYLOADS", "BUILDERS", "COLLECTIVE_KINDS", "COMPUTE_KINDS", "Action",
-    "EncoderTiming", "Kind", "Payload", "Schedule", "ScheduleError", "assign_encoder_samples",
-    "default_shares", "encoder_disaggregated", "encoder_first_stage", "for_replicas",
-    "forward_only", "max_in_flight", "message_key", "one_f_one_b", "one_f_one_b_order",
-    "uniform_insertion", "with_completion_points",
-]
+from .execution import ScheduleError as ScheduleError
+from .execution import execute_order
 
 
 @dataclass(frozen=True)
@@ -222,9 +209,9 @@ def default_shares(num_stages: int, num_microbatches: int) -> list[list[float]]:
     """1/P of every microbatch per rank, except the last P microbatches, whose encoder work
     skips stage 0: their backwards can only run after stage 0's last LLM backwards, so a share
     on stage 0 would extend the step while the other ranks already idle in the drain."""
-    p, n = num_stages, num_microbatches
-    tail = [0.0] + [1.0 / (p - 1)] * (p - 1) if p > 1 else [1.0]
-    return [[1.0 / p] * p if m < n - p else list(tail) for m in range(n)]
+    pp, n = num_stages, num_microbatches
+    tail = [0.0] + [1.0 / (pp - 1)] * (pp - 1) if pp > 1 else [1.0]
+    return [[1.0 / pp] * pp if m < n - pp else list(tail) for m in range(n)]
 
 
 def assign_encoder_samples(sample_costs: Sequence[Sequence[float]], num_stages: int,
@@ -240,14 +227,14 @@ def assign_encoder_samples(sample_costs: Sequence[Sequence[float]], num_stages: 
     empty sample tuples and zero shares.
     """
     positive_int("num_stages", num_stages)
-    p, n = num_stages, len(sample_costs)
+    pp, n = num_stages, len(sample_costs)
     samples: list[list[tuple[int, ...]]] = []
     shares: list[list[float]] = []
     for m, costs in enumerate(sample_costs):
         _require(all(c >= 0 for c in costs), f"sample_costs[{m}]", "non-negative costs",
                  list(costs))
-        skip = skip_stage0_drain and p > 1 and m >= n - p
-        ranks = list(range(1, p)) if skip else list(range(p))
+        skip = skip_stage0_drain and pp > 1 and m >= n - pp
+        ranks = list(range(1, pp)) if skip else list(range(pp))
         load = dict.fromkeys(ranks, 0.0)
         picked: dict[int, list[int]] = {r: [] for r in ranks}
         for i in sorted((i for i, c in enumerate(costs) if c > 0), key=lambda i: (-costs[i], i)):
@@ -255,8 +242,8 @@ def assign_encoder_samples(sample_costs: Sequence[Sequence[float]], num_stages: 
             load[r] += costs[i]
             picked[r].append(i)
         total = sum(load.values())
-        samples.append([tuple(sorted(picked.get(r, []))) for r in range(p)])
-        shares.append([load.get(r, 0.0) / total if total else 0.0 for r in range(p)])
+        samples.append([tuple(sorted(picked.get(r, []))) for r in range(pp)])
+        shares.append([load.get(r, 0.0) / total if total else 0.0 for r in range(pp)])
     return samples, shares
 
 
@@ -319,30 +306,30 @@ def _encoder_work(num_stages: int, num_microbatches: int,
                   samples: Sequence[Sequence[Sequence[int]]] | None) -> _EncoderWork:
     """Check ``shares`` and ``samples`` (see ``uniform_insertion``); derive shares from sample
     counts where only samples are given, else default to ``default_shares``."""
-    p, n = num_stages, num_microbatches
+    pp, n = num_stages, num_microbatches
     if samples is not None:
         _require(len(samples) == n, "samples", f"{n} rows (one per microbatch)", len(samples))
         for m, row in enumerate(samples):
-            _require(len(row) == p, f"samples[{m}]", f"{p} entries (one per stage)", len(row))
+            _require(len(row) == pp, f"samples[{m}]", f"{pp} entries (one per stage)", len(row))
         if shares is None:
             counts = [[len(x) for x in row] for row in samples]
             shares = [[c / sum(row) if sum(row) else 0.0 for c in row] for row in counts]
     if shares is None:
-        shares = default_shares(p, n)
+        shares = default_shares(pp, n)
     _require(len(shares) == n, "shares", f"{n} rows (one per microbatch)", len(shares))
     for m, row in enumerate(shares):
-        _require(len(row) == p, f"shares[{m}]", f"{p} entries (one per stage)", len(row))
+        _require(len(row) == pp, f"shares[{m}]", f"{pp} entries (one per stage)", len(row))
         empty = samples is not None and not any(samples[m])
         _require(all(x >= 0 for x in row) and (empty or abs(sum(row) - 1.0) < 1e-6),
                  f"shares[{m}]", "non-negative entries summing to 1", list(row))
-    return _EncoderWork(p, shares, samples)
+    return _EncoderWork(pp, shares, samples)
 
 
 def _insertion_program(r: int, num_microbatches: int, work: _EncoderWork,
                        timing: EncoderTiming, sample_exchange: bool) -> list[Action]:
     """Rank r's 1F1B program with its encoder work inserted as ``timing`` says."""
-    p, n = work.num_stages, num_microbatches
-    ranks = tuple(range(p))
+    pp, n = work.num_stages, num_microbatches
+    ranks = tuple(range(pp))
     prog: list[Action] = []
     if sample_exchange:
         prog.append(Action(Kind.ALLTOALL, payload=Payload.SAMPLES))
@@ -351,26 +338,26 @@ def _insertion_program(r: int, num_microbatches: int, work: _EncoderWork,
     if timing is EncoderTiming.INLINE:
         after_backward = {m: [m] for m in range(n)}
     else:
-        for m in range(min(p, n)):
+        for m in range(min(pp, n)):
             prog += work.forward(r, m)
         # drain microbatches (no F(m+P) to ride on): after this rank's B(m+r+1), about when
         # stage 0's B(m) has returned its feature gradients
-        for m in range(max(0, n - p), n):
+        for m in range(max(0, n - pp), n):
             after_backward.setdefault(min(m + r + 1, n - 1), []).append(m)
-    for op, m in one_f_one_b_order(p, n, r):
+    for op, m in one_f_one_b_order(pp, n, r):
         if op == "F":
             if timing is EncoderTiming.INLINE:
                 prog += work.forward(r, m)
             else:
-                if m - p >= 0:
-                    prog += work.backward(r, m - p)
-                if m + p < n:
-                    prog += work.forward(r, m + p)
+                if m - pp >= 0:
+                    prog += work.backward(r, m - pp)
+                if m + pp < n:
+                    prog += work.forward(r, m + pp)
             if r == 0:
                 prog += work.stage0_messages(Kind.RECV, Payload.FEATURES, m)
-            prog += _llm_forward(r, p, m, ranks)
+            prog += _llm_forward(r, pp, m, ranks)
         else:
-            prog += _llm_backward(r, p, m, ranks)
+            prog += _llm_backward(r, pp, m, ranks)
             if r == 0:
                 prog += work.stage0_messages(Kind.SEND, Payload.FEATURE_GRAD, m)
             for pending in after_backward.pop(m, []):
@@ -394,21 +381,21 @@ def uniform_insertion(num_stages: int, num_microbatches: int,
     starts every rank with the grouped-reordering all-to-all.
     """
     _check_sizes(num_stages, num_microbatches)
-    p, n = num_stages, num_microbatches
-    work = _encoder_work(p, n, shares, samples)
+    pp, n = num_stages, num_microbatches
+    work = _encoder_work(pp, n, shares, samples)
     programs = [_insertion_program(
         r, n, work, EncoderTiming.INLINE if inline_stage0 and r == 0 else EncoderTiming.AHEAD,
-        sample_exchange) for r in range(p)]
+        sample_exchange) for r in range(pp)]
     _grad_sync(programs, grad_sync)
-    ranks = tuple(range(p))
-    bound = tuple(min(p - s, n) for s in range(p))
-    enc_bound = tuple(bound[0] if inline_stage0 and r == 0 else min(2 * p, n)
-                      for r in range(p))
-    return Schedule("uniform_insertion", p, n, ranks, ranks, _freeze(programs), bound, enc_bound)
+    ranks = tuple(range(pp))
+    bound = tuple(min(pp - s, n) for s in range(pp))
+    enc_bound = tuple(bound[0] if inline_stage0 and r == 0 else min(2 * pp, n)
+                      for r in range(pp))
+    return Schedule("uniform_insertion", pp, n, ranks, ranks, _freeze(programs), bound, enc_bound)
 
 
 def _freeze(programs: list[list[Action]]) -> tuple[tuple[Action, ...], ...]:
-    return tuple(tuple(p) for p in programs)
+    return tuple(tuple(prog) for prog in programs)
 
 
 BUILDERS = {
