@@ -138,14 +138,14 @@ def _timed(rec: _Losses, tokens: int) -> dict:
 def check_hf_recipe(accelerator: str, steps: int, batch: int, size: str) -> dict:
     """Part 4: the LLaVA recipe at PP1 under OmniStrategy and under Lightning's default."""
     from lightning_omni.examples.llava_data import LlavaCaptionData
-    from lightning_omni.examples.llava_model import LlavaCaptioner
+    from lightning_omni.examples.llava_model import LlavaCaptioner, LlavaShape
 
     out: dict = {"size": size, "batch": batch}
     for name in ("omni", "lightning_default"):
         if accelerator == "gpu":
             torch.cuda.reset_peak_memory_stats()
         torch.manual_seed(0)
-        model = LlavaCaptioner(**HF_SIZES[size])
+        model = LlavaCaptioner(LlavaShape(**HF_SIZES[size]))
         cfg = model.config.vision_config
         data = LlavaCaptionData(cfg.image_size, cfg.patch_size, model.image_tokens,
                                 batch_size=batch, samples_per_epoch=batch * (steps + 2))

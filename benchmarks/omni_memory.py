@@ -31,6 +31,9 @@ from torch import Tensor, nn
 from lightning_omni import Modality, OmniSpec, OmniStrategy
 from lightning_omni.runtime.zero import state_bytes
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from omni_runtime import image_text_batch  # noqa: E402
+
 VOCAB, SEQ, IMG_DIM, IMG_ROWS, IMG_ID, PAD = 32000, 16, 32, 4, 1, 0
 TARGETS = {"param_ratio_max": 0.6, "optimizer_ratio_max": 0.6, "rss_ratio_max": 0.7}
 
@@ -92,14 +95,7 @@ class BigModel(pl.LightningModule):
 
 
 def make_batch(n: int) -> dict[str, Tensor]:
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(2, VOCAB, (n, SEQ), generator=g)
-    tokens[:, :IMG_ROWS] = IMG_ID
-    labels = torch.full((n, SEQ), -100)
-    labels[:, IMG_ROWS:-1] = tokens[:, IMG_ROWS + 1:]
-    return {"tokens": tokens, "labels": labels,
-            "image": torch.randn(n, IMG_ROWS, IMG_DIM, generator=g),
-            "image_len": torch.full((n,), IMG_ROWS)}
+    return image_text_batch(n, SEQ, IMG_ROWS, IMG_DIM, VOCAB, IMG_ID, seed=0)
 
 
 class _Loader(torch.utils.data.IterableDataset):

@@ -125,17 +125,22 @@ def make_spec() -> OmniSpec:
                     [Block(causal=True) for _ in range(LLM_BLOCKS)], Head(), loss_terms)
 
 
+def image_text_batch(n: int, seq: int, rows: int, dim: int, vocab: int, image_id: int,
+                     seed: int) -> dict[str, Tensor]:
+    """``n`` samples of ``seq`` tokens: an image of ``rows`` placeholders, then random text."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(2, vocab, (n, seq), generator=g)
+    tokens[:, :rows] = image_id
+    labels = torch.full((n, seq), -100)
+    labels[:, rows:-1] = tokens[:, rows + 1:]
+    return {"tokens": tokens, "labels": labels,
+            "image": torch.randn(n, rows, dim, generator=g),
+            "image_len": torch.full((n,), rows)}
+
+
 def make_batch(seed: int) -> dict[str, Tensor]:
     """Every sample has an image of IMG_TOKENS rows, then text."""
-    g = torch.Generator().manual_seed(seed)
-    b = MICRO * NUM_MB
-    tokens = torch.randint(2, VOCAB, (b, SEQ), generator=g)
-    tokens[:, :IMG_TOKENS] = IMG_ID
-    labels = torch.full((b, SEQ), -100)
-    labels[:, IMG_TOKENS:-1] = tokens[:, IMG_TOKENS + 1:]
-    return {"tokens": tokens, "labels": labels,
-            "image": torch.randn(b, IMG_TOKENS, IMG_IN, generator=g),
-            "image_len": torch.full((b,), IMG_TOKENS)}
+    return image_text_batch(MICRO * NUM_MB, SEQ, IMG_TOKENS, IMG_IN, VOCAB, IMG_ID, seed)
 
 
 def _probe(reps: int = 30) -> float:

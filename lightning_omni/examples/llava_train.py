@@ -2,7 +2,7 @@
 
     python -m lightning_omni.examples.llava_train fit --config recipes/omni/llava_tiny.yaml
 
-The data's image geometry follows the model's (``--model.image_size`` and friends), so a
+The data's image geometry follows the model's (``--model.shape.image_size`` and friends), so a
 changed tower never meets images of the wrong size.
 """
 
@@ -21,11 +21,11 @@ def _image_tokens(vision: str, image_size: int, patch_size: int, strategy: str) 
 
 class LlavaCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("model.image_size", "data.image_size")
-        parser.link_arguments("model.patch_size", "data.patch_size")
-        parser.link_arguments(("model.vision", "model.image_size", "model.patch_size",
-                               "model.feature_strategy"), "data.image_tokens",
-                              compute_fn=_image_tokens)
+        parser.link_arguments("model.shape.image_size", "data.image_size")
+        parser.link_arguments("model.shape.patch_size", "data.patch_size")
+        parser.link_arguments(("model.shape.vision", "model.shape.image_size",
+                               "model.shape.patch_size", "model.shape.feature_strategy"),
+                              "data.image_tokens", compute_fn=_image_tokens)
 
 
 def main(args: list[str] | None = None, run: bool = True) -> LightningCLI:

@@ -94,7 +94,46 @@ def _scatter(h: Tensor, tokens: Tensor, token_id: int, rows: Tensor) -> Tensor:
     return h.masked_scatter(mask, rows.to(h.dtype)) if rows.shape[0] else h
 
 
-class MultimodalCaptioner(LightningModule):
+class CaptionSteps(LightningModule):
+    """Steps that return the loss and ``METRICS`` as ``(sum, count)`` terms give them, logged
+    from the batch-end hooks.
+
+    OmniStrategy replaces the ``*_step`` methods by pipelined steps and hands their outputs
+    (the global loss and metrics) to the batch-end hooks, so logging lives there: the same
+    values in a plain run and under OmniStrategy. ``step_terms``: (name, terms) pairs."""
+
+    step_terms: tuple = (("loss", caption_loss), *METRICS.items())
+
+    def _step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        logits = self(batch)
+        out = {}
+        for name, terms in self.step_terms:
+            total, count = terms(logits, batch)
+            out[name] = total / count  # NaN for a metric without tokens in the batch
+        return out
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        return self._step(batch)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        return self._step(batch)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self._log("train", outputs, batch)
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._log("val", outputs, batch)
+
+    def _log(self, prefix: str, outputs: dict[str, Tensor], batch: dict[str, Tensor]) -> None:
+        bs = batch["tokens"].shape[0]
+        self.log(f"{prefix}/loss", outputs["loss"], prog_bar=True, batch_size=bs)
+        for name, _ in self.step_terms[1:]:
+            if not torch.isnan(outputs[name]):
+                self.log(f"{prefix}/{name}", outputs[name], prog_bar=name == "caption_acc",
+                         batch_size=bs)
+
+
+class MultimodalCaptioner(CaptionSteps):
     """Image and audio captioning plus text continuation with one small GPT."""
 
     def __init__(self, hidden: int = 64, layers: int = 4, heads: int = 4,
@@ -127,37 +166,6 @@ class MultimodalCaptioner(LightningModule):
         for block in self.blocks:
             h = block(h)
         return self.head(h)
-
-    def _step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        logits = self(batch)
-        out = {}
-        for name, terms in (("loss", caption_loss), *METRICS.items()):
-            total, count = terms(logits, batch)
-            out[name] = total / count  # NaN for a metric without tokens in the batch
-        return out
-
-    # OmniStrategy replaces the *_step methods by pipelined steps and hands their outputs
-    # (global loss and METRICS) to the batch-end hooks, so logging lives there: the same
-    # values in a plain run and under OmniStrategy
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        return self._step(batch)
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        return self._step(batch)
-
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        self._log("train", outputs, batch)
-
-    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._log("val", outputs, batch)
-
-    def _log(self, prefix: str, outputs: dict[str, Tensor], batch: dict[str, Tensor]) -> None:
-        bs = batch["tokens"].shape[0]
-        self.log(f"{prefix}/loss", outputs["loss"], prog_bar=True, batch_size=bs)
-        for name in METRICS:
-            if not torch.isnan(outputs[name]):
-                self.log(f"{prefix}/{name}", outputs[name], prog_bar=name == "caption_acc",
-                         batch_size=bs)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr,

@@ -567,3 +567,23 @@ def _cast(data: ToyData, dtype: torch.dtype) -> ToyData:
         for k in ("image", "audio"):
             item[k] = item[k].to(dtype)
     return data
+
+
+def run_recipe(module: str, args: list[str], log_dir: Path, timeout: float = 300.0) -> Any:
+    """``python -m module fit ARGS`` from the repository as a user runs a recipe (one thread per
+    process), its logs under ``log_dir``; the TensorBoard scalars of the run."""
+    import subprocess
+    import sys
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cmd = [sys.executable, "-m", module, "fit", *args, "--trainer.enable_progress_bar",
+           "false", "--trainer.logger.init_args.save_dir", str(log_dir)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (events,) = {p.parent for p in log_dir.rglob("events.out.tfevents.*")}
+    scalars = EventAccumulator(str(events))
+    scalars.Reload()
+    return scalars

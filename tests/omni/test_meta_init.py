@@ -39,13 +39,20 @@ class Net(nn.Module):
             nn.init.xavier_uniform_(block[1].weight, gain=math.sqrt(2))  # custom init after
 
 
-def _meta_build(seed: int) -> tuple[Net, InitRecording]:
+def _meta_build(seed: int, build=Net) -> tuple[nn.Module, InitRecording]:
     torch.manual_seed(seed)
     rec = InitRecording()
     capture_rng(rec, torch.device("cpu"))
     with torch.device("meta"), RecordInit(rec):
-        net = Net()
+        net = build()
     return net, rec
+
+
+def _plain_and_meta(seed: int, build) -> tuple[nn.Module, nn.Module, InitRecording]:
+    """``build()`` from ``seed`` as usual, and again from ``seed`` on the meta device."""
+    torch.manual_seed(seed)
+    plain = build()
+    return (plain, *_meta_build(seed, build))
 
 
 @pytest.mark.parametrize("elsewhere", [[], ["blocks.0", "blocks.2", "cls"],
@@ -93,13 +100,7 @@ def _pair() -> nn.ModuleDict:
 
 
 def test_a_hosted_tensor_computed_from_one_hosted_elsewhere_gets_its_plain_value():
-    torch.manual_seed(5)
-    plain = _pair()
-    torch.manual_seed(5)
-    rec = InitRecording()
-    capture_rng(rec, torch.device("cpu"))
-    with torch.device("meta"), RecordInit(rec):
-        both = _pair()
+    plain, both, rec = _plain_and_meta(5, _pair)
     materialize(both, rec, [both["a"].weight, both["a"].bias], torch.device("cpu"))
     assert both["a"].weight.numel() == 0
     torch.testing.assert_close(both["b"].weight, plain["b"].weight, rtol=0, atol=0)
@@ -129,13 +130,7 @@ def test_a_directly_imported_truncated_normal_is_replayed():
         net.b = nn.Parameter(torch.randn(3))  # the draw after it lands where the plain one did
         return net
 
-    torch.manual_seed(7)
-    plain = build()
-    torch.manual_seed(7)
-    rec = InitRecording()
-    capture_rng(rec, torch.device("cpu"))
-    with torch.device("meta"), RecordInit(rec):
-        net = build()
+    plain, net, rec = _plain_and_meta(7, build)
     materialize(net, rec, [], torch.device("cpu"))
     assert net.w.abs().sum() > 0
     torch.testing.assert_close(net.w, plain.w, rtol=0, atol=0)

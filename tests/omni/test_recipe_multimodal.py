@@ -4,13 +4,11 @@ OmniStrategy (pipeline 2)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from omni_models import run_recipe
 
 from lightning_omni.examples.multimodal_data import (
     AUD,
@@ -83,21 +81,13 @@ def test_recipe_learns(tmp_path):
 def test_recipe_learns_with_omni_strategy(tmp_path):
     """The 4-process YAML shrunk to pipeline 2 x data parallel 1 (2 processes, 16 steps): the
     LightningCLI command trains through OmniStrategy and TensorBoard shows learning."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    cmd = [sys.executable, "-m", "lightning_omni.examples.multimodal_train", "fit",
-           "--config", "recipes/omni/multimodal.yaml", "--trainer.devices", "2",
-           "--trainer.strategy.init_args.data_parallel", "1", "--trainer.max_epochs", "2",
-           "--data.samples_per_epoch", "128", "--data.epochs_per_stage", "1",
-           "--model.hidden", "32", "--model.layers", "2", "--trainer.enable_progress_bar",
-           "false", "--trainer.enable_model_summary", "false",
-           "--trainer.logger.init_args.save_dir", str(tmp_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (logdir,) = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
-    ea = EventAccumulator(str(logdir))
-    ea.Reload()
+    ea = run_recipe("lightning_omni.examples.multimodal_train",
+                    ["--config", "recipes/omni/multimodal.yaml", "--trainer.devices", "2",
+                     "--trainer.strategy.init_args.data_parallel", "1",
+                     "--trainer.max_epochs", "2", "--data.samples_per_epoch", "128",
+                     "--data.epochs_per_stage", "1", "--model.hidden", "32",
+                     "--model.layers", "2", "--trainer.enable_model_summary", "false"],
+                    tmp_path)
     loss = [e.value for e in ea.Scalars("omni/loss")]
     acc = [e.value for e in ea.Scalars("train/caption_acc")]
     assert len(loss) >= 6 and len(acc) >= 6  # every log_every_n_steps=2 of 16 steps
