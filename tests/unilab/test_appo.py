@@ -9,16 +9,8 @@ import torch
 from inprocess_rollouts import FixedBatches, one_rollout
 from torch.distributions import Normal, kl_divergence
 
+from lightning_unilab import losses
 from lightning_unilab.appo import APPOModule, adapted_lr, next_actor_lr
-from lightning_unilab.losses import (
-    approx_kl,
-    clipped_value_loss,
-    gaussian_entropy,
-    gaussian_kl,
-    off_policy_weights,
-    policy_ratio,
-    ppo_surrogate,
-)
 from lightning_unilab.policy import ActorCritic, ValueNormalizer
 from lightning_unilab.rollout import RolloutSpec
 
@@ -28,7 +20,7 @@ from lightning_unilab.rollout import RolloutSpec
 def test_ppo_surrogate_by_hand():
     ratio = torch.tensor([0.5, 1.0, 1.5, 1.1, 0.5])
     adv = torch.tensor([1.0, -2.0, 1.0, -1.0, -1.0])
-    loss, frac = ppo_surrogate(ratio, adv, 0.2)
+    loss, frac = losses.ppo_surrogate(ratio, adv, 0.2)
     # min(rA, clip(r)A) = (0.5, -2, 1.2, -1.1, -0.8): the pessimistic side in every case
     assert loss.item() == pytest.approx(2.2 / 5)
     assert frac.item() == pytest.approx(3 / 5)
@@ -38,30 +30,30 @@ def test_weighted_surrogate_by_hand():
     ratio = torch.tensor([1.5, 0.5])
     adv = torch.tensor([1.0, -1.0])
     # min terms (1.2, -0.8); weights (0.5, 1): -(0.6 - 0.8) / 2
-    loss, frac = ppo_surrogate(ratio, adv, 0.2, torch.tensor([0.5, 1.0]))
+    loss, frac = losses.ppo_surrogate(ratio, adv, 0.2, torch.tensor([0.5, 1.0]))
     assert loss.item() == pytest.approx(0.1)
     assert frac.item() == pytest.approx(1.0)
 
 
 def test_off_policy_weights_truncate_pi_prox_over_mu():
     prox, mu = torch.log(torch.tensor([0.2, 0.3])), torch.log(torch.tensor([0.4, 0.2]))
-    torch.testing.assert_close(off_policy_weights(prox, mu, 1.0), torch.tensor([0.5, 1.0]))
-    torch.testing.assert_close(off_policy_weights(prox, mu, 2.0), torch.tensor([0.5, 1.5]))
+    torch.testing.assert_close(losses.off_policy_weights(prox, mu, 1.0), torch.tensor([0.5, 1.0]))
+    torch.testing.assert_close(losses.off_policy_weights(prox, mu, 2.0), torch.tensor([0.5, 1.5]))
     with pytest.raises(ValueError, match="rho_bar"):
-        off_policy_weights(prox, mu, 0.0)
+        losses.off_policy_weights(prox, mu, 0.0)
 
 
 def test_policy_ratio_forms():
     logp, mu, target = (torch.log(torch.tensor([x])) for x in (0.3, 0.2, 0.25))
-    assert policy_ratio(logp, mu).item() == pytest.approx(1.5)
-    assert policy_ratio(logp, mu, target, "impact").item() == pytest.approx(1.2)
-    assert policy_ratio(logp, target, mu, "impact").item() == pytest.approx(1.2)
+    assert losses.policy_ratio(logp, mu).item() == pytest.approx(1.5)
+    assert losses.policy_ratio(logp, mu, target, "impact").item() == pytest.approx(1.2)
+    assert losses.policy_ratio(logp, target, mu, "impact").item() == pytest.approx(1.2)
     # decoupled: clipped around the proximal policy, not the behaviour one
-    assert policy_ratio(logp, mu, target, "decoupled").item() == pytest.approx(1.2)
-    assert policy_ratio(logp, target, mu, "decoupled").item() == pytest.approx(1.5)
+    assert losses.policy_ratio(logp, mu, target, "decoupled").item() == pytest.approx(1.2)
+    assert losses.policy_ratio(logp, target, mu, "decoupled").item() == pytest.approx(1.5)
     for form in ("impact", "decoupled"):
         with pytest.raises(ValueError, match="target_logp"):
-            policy_ratio(logp, mu, None, form)
+            losses.policy_ratio(logp, mu, None, form)
 
 
 def test_clipped_value_loss_by_hand():
@@ -69,24 +61,25 @@ def test_clipped_value_loss_by_hand():
     old = torch.tensor([0.5, 2.1, 0.0])
     targets = torch.tensor([2.0, 1.0, 0.05])
     # clipped values (0.7, 2.0, 0.0): errors (1.69, 1.0, .0025) against unclipped (1, 1, .0025)
-    assert clipped_value_loss(values, old, targets, 0.2).item() == pytest.approx(2.6925 / 3)
-    assert clipped_value_loss(values, old, targets, None).item() == pytest.approx(2.0025 / 3)
+    assert losses.clipped_value_loss(values, old, targets, 0.2).item() == pytest.approx(2.6925 / 3)
+    assert losses.clipped_value_loss(values, old, targets, None).item() == pytest.approx(2.0025 / 3)
 
 
 def test_entropy_and_kl_by_hand():
     log_std = torch.tensor([[0.0, math.log(2.0)]])
     want = 1 + math.log(2 * math.pi) + math.log(2.0)
-    assert gaussian_entropy(log_std).item() == pytest.approx(want)
-    assert gaussian_entropy(log_std).item() == pytest.approx(
+    assert losses.gaussian_entropy(log_std).item() == pytest.approx(want)
+    assert losses.gaussian_entropy(log_std).item() == pytest.approx(
         Normal(torch.zeros(2), log_std.exp()).entropy().sum().item())
     # KL(N(0,1) || N(1,2^2)) = log 2 + (1 + 1) / 8 - 1/2
-    kl = gaussian_kl(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1),
+    kl = losses.gaussian_kl(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1),
                      torch.full((1, 1), math.log(2.0)))
     assert kl.item() == pytest.approx(math.log(2) + 0.25 - 0.5)
     assert kl.item() == pytest.approx(
         kl_divergence(Normal(0.0, 1.0), Normal(1.0, 2.0)).item())
     # k3 estimator: r = (0.5, 2): ((r - 1) - log r) = (log 2 - .5, 1 - log 2), mean 0.25
-    est = approx_kl(torch.log(torch.tensor([0.5, 0.5])), torch.log(torch.tensor([0.25, 1.0])))
+    est = losses.approx_kl(torch.log(torch.tensor([0.5, 0.5])),
+                           torch.log(torch.tensor([0.25, 1.0])))
     assert est.item() == pytest.approx(0.25)
 
 
@@ -113,10 +106,11 @@ def test_next_actor_lr_after_a_stopped_update_shrinks_by_the_square_root():
 def test_log_ratios_far_out_stay_finite():
     logp, other = torch.tensor([0.0, 0.0]), torch.tensor([-300.0, 300.0])
     for form in ("behaviour", "impact", "decoupled"):
-        assert torch.isfinite(policy_ratio(logp, other, other, form)).all()
-    weights = off_policy_weights(other, -other, 1.0)  # exp(-600) underflows to 0 without bounds
-    ratio = policy_ratio(logp, other, other, "decoupled")
-    loss, _ = ppo_surrogate(ratio, torch.tensor([-1.0, 0.0]), 0.2, weights)
+        assert torch.isfinite(losses.policy_ratio(logp, other, other, form)).all()
+    # exp(-600) underflows to 0 without bounds
+    weights = losses.off_policy_weights(other, -other, 1.0)
+    ratio = losses.policy_ratio(logp, other, other, "decoupled")
+    loss, _ = losses.ppo_surrogate(ratio, torch.tensor([-1.0, 0.0]), 0.2, weights)
     assert torch.isfinite(loss)  # was 0 * -inf = NaN: the NaN loss of a collapsed std
 
 
@@ -294,13 +288,13 @@ def test_decoupled_ratio_clips_around_the_pre_update_policy(pendulum_batch):
 
 def test_ratio_forms_agree_on_policy(pendulum_batch):
     policy, batch, _ = pendulum_batch
-    losses = []
+    values = []
     for form in ("decoupled", "behaviour", "impact"):
         module = APPOModule(policy=_copy(policy), ratio_form=form, **SMALL)
         with torch.no_grad():
-            losses.append(module.loss_terms(module.prepare(batch))["loss"].item())
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
-    assert losses[0] == pytest.approx(losses[2], rel=1e-5)
+            values.append(module.loss_terms(module.prepare(batch))["loss"].item())
+    assert values[0] == pytest.approx(values[1], rel=1e-5)
+    assert values[0] == pytest.approx(values[2], rel=1e-5)
 
 
 def test_adaptive_lr_moves_the_actor_group_only(pendulum_batch):
@@ -348,7 +342,7 @@ def test_trust_region_keeps_the_steps_inside_it(pendulum_batch):
     start.obs_normalizer.load_state_dict(module.policy.obs_normalizer.state_dict())
     with torch.no_grad():
         old, new = start.distribution(batch["obs"]), module.policy.distribution(batch["obs"])
-        kl = gaussian_kl(old.mean, old.stddev.log(), new.mean, new.stddev.log())
+        kl = losses.gaussian_kl(old.mean, old.stddev.log(), new.mean, new.stddev.log())
     assert kl.item() == pytest.approx(logged["learner/kl"].item(), rel=1e-4)
     assert kl.item() <= 0.02
     assert module._lr() == 3e-3  # adaptive_lr off: the region still holds, the lr stays
