@@ -64,14 +64,14 @@ def core_counts(available: int) -> list[int]:
     return counts + [available]
 
 
-def measure_training(recipe: Path, seconds: float) -> dict[str, float]:
+def measure_training(recipe: Path, seconds: float, extra: list[str] = ()) -> dict[str, float]:
     clock = StepClock()
     cli = UniLabCLI(APPOModule, RolloutDataModule, run=False, seed_everything_default=0,
                     save_config_callback=None, args=["--config", str(recipe), "--trainer.max_time",
                           time.strftime("00:%H:%M:%S", time.gmtime(seconds)),
                           "--trainer.callbacks", "[]", "--trainer.logger", "false",
                           "--trainer.enable_checkpointing", "false",
-                          "--trainer.enable_progress_bar", "false"])
+                          "--trainer.enable_progress_bar", "false", *extra])
     cli.trainer.callbacks.append(clock)
     torch.set_num_threads(1)  # the recipe's learner threads
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="core counts (default: 1, 2, 4, ... up to this machine's)")
     p.add_argument("--seconds", type=float, default=90.0, help="training time per core count")
     p.add_argument("--recipe", type=Path, default=RECIPE)
+    p.add_argument("--collector-threads", type=int, default=None,
+                   help="override the recipe's default (the cores the learner leaves)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     allowed = sorted(os.sched_getaffinity(0))
@@ -112,7 +114,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             assert available_cpus() == c
             torch.set_num_threads(1)
             collect_ms, _, _ = measure_collect(n, t, reps=5, threads=c, task=data["task"])
-            train = measure_training(args.recipe, args.seconds)
+            extra = ([] if args.collector_threads is None else
+                     ["--data.collector_threads", str(min(c, args.collector_threads))])
+            train = measure_training(args.recipe, args.seconds, extra)
             out["cores"].append(c)
             out["collect_env_steps_per_s"].append(n * t / (collect_ms / 1e3))
             for key in ("train_env_steps_per_s", "collected_env_steps_per_s",

@@ -189,9 +189,14 @@ def test_ddp_ranks_run_their_own_collectors(tmp_path):
 
 def test_collector_threads_default_to_the_cores_the_mode_leaves_free():
     from lightning_unilab.collector import available_cpus
+    from lightning_unilab.data import _auto_threads
 
     cpus = available_cpus()
     assert RolloutDataModule("InvertedPendulum-v5", mode="sync").config.threads == cpus
-    assert RolloutDataModule("InvertedPendulum-v5").config.threads == max(1, cpus - 1)
+    # async with a CPU learner (the default here): the learner shares a core with the pool
+    assert RolloutDataModule("InvertedPendulum-v5").config.threads == cpus
+    # a GPU learner keeps one core for launching its kernels; ranks split the node first
+    assert _auto_threads("async", 1, learner_on_cpu=False) == max(1, cpus - 1)
+    assert _auto_threads("sync", 2, learner_on_cpu=False) == max(1, cpus // 2)
     assert RolloutDataModule("InvertedPendulum-v5", collector_threads=1,
                              mode="sync").config.threads == 1
