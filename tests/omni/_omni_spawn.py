@@ -50,12 +50,16 @@ def _entry(rank: int, world: int, port: int, out_dir: str, fn: Callable, args: t
         pass
 
 
-def run_spmd(fn: Callable, world: int, *args: Any, timeout: float = 120.0) -> list[Any]:
-    """``fn(rank, world, *args)`` on ``world`` spawned gloo processes; per-rank return values."""
+def run_processes(entry: Callable, world: int, fn: Callable, args: tuple,
+                  timeout: float, allow_failures: bool = False) -> list[Any]:
+    """``entry(rank, world, port, out_dir, fn, args)`` on ``world`` spawned processes; each
+    writes ``(status, value)`` to ``out_dir/rank{r}.pt``. Per-rank values, or with
+    ``allow_failures`` the ``(status, value)`` pairs (``("missing", exitcode)`` for a rank that
+    wrote nothing); otherwise a rank's failure is raised with its traceback."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as out_dir:
         port = _free_port()
-        procs = [ctx.Process(target=_entry, args=(r, world, port, out_dir, fn, args))
+        procs = [ctx.Process(target=entry, args=(r, world, port, out_dir, fn, args))
                  for r in range(world)]
         for p in procs:
             p.start()
@@ -70,10 +74,18 @@ def run_spmd(fn: Callable, world: int, *args: Any, timeout: float = 120.0) -> li
         for r in range(world):
             path = Path(out_dir) / f"rank{r}.pt"
             if not path.exists():
+                if allow_failures:
+                    results.append(("missing", procs[r].exitcode))
+                    continue
                 raise RuntimeError(f"rank {r} wrote no result (hung: {hung}, exit codes: "
                                    f"{[p.exitcode for p in procs]})")
             status, value = torch.load(path, weights_only=False)
-            if status != "ok":
+            if status != "ok" and not allow_failures:
                 raise RuntimeError(f"rank {r} failed:\n{value}")
-            results.append(value)
+            results.append((status, value) if allow_failures else value)
         return results
+
+
+def run_spmd(fn: Callable, world: int, *args: Any, timeout: float = 120.0) -> list[Any]:
+    """``fn(rank, world, *args)`` on ``world`` spawned gloo processes; per-rank return values."""
+    return run_processes(_entry, world, fn, args, timeout)

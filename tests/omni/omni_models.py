@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
-import tempfile
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -16,7 +14,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.multiprocessing as mp
+from _omni_spawn import run_processes
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -232,12 +230,6 @@ def reference_run(steps: int, batch: int, data: ToyData, seed: int = 0,
 
 
 # -- running Lightning on spawned processes ---------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _entry(rank: int, world: int, port: int, out_dir: str, fn: Callable, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                       RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0")
@@ -258,34 +250,7 @@ def spawn(fn: Callable, world: int, *args: Any, timeout: float = 150.0,
           allow_failures: bool = False) -> list[Any]:
     """``fn(rank, world, *args)`` on ``world`` spawned processes with torchrun-like environment
     variables (Lightning then uses them instead of launching); per-rank results."""
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as out_dir:
-        port = _free_port()
-        procs = [ctx.Process(target=_entry, args=(r, world, port, out_dir, fn, args))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout)
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-        results = []
-        for r in range(world):
-            path = Path(out_dir) / f"rank{r}.pt"
-            if not path.exists():
-                if allow_failures:
-                    results.append(("missing", p.exitcode))
-                    continue
-                raise RuntimeError(f"rank {r} wrote no result (hung: {hung}, exit codes: "
-                                   f"{[p.exitcode for p in procs]})")
-            status, value = torch.load(path, weights_only=False)
-            if status != "ok" and not allow_failures:
-                raise RuntimeError(f"rank {r} failed:\n{value}")
-            results.append((status, value) if allow_failures else value)
-        return results
+    return run_processes(_entry, world, fn, args, timeout, allow_failures)
 
 
 # -- a Lightning run on each rank, recording what the equivalence tests compare ----------------

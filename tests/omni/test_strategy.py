@@ -1,8 +1,10 @@
 """OmniStrategy as Lightning sees it: registry, clear errors for bad setups, metrics, lost ranks."""
 
 import logging
+import os
 
 import pytest
+import torch.distributed as dist
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import StrategyRegistry
 from omni_models import ToyData, make_model, reference_run, spawn, strategy_worker
@@ -12,10 +14,19 @@ from lightning_omni import OmniSpecError, OmniStrategy
 
 
 def _fit(strategy, model):
-    trainer = Trainer(accelerator="cpu", devices=1, strategy=strategy, max_steps=1, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False)
-    trainer.fit(model, DataLoader(ToyData(8), batch_size=4))
+    """A one-rank fit in this process; the process group and the rendezvous variables it
+    leaves are removed after it (a later test's group would collide with them)."""
+    saved = dict(os.environ)
+    try:
+        trainer = Trainer(accelerator="cpu", devices=1, strategy=strategy, max_steps=1,
+                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False)
+        trainer.fit(model, DataLoader(ToyData(8), batch_size=4))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def test_registered_as_omni():
