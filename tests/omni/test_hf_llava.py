@@ -211,7 +211,7 @@ def test_tiny_recipe_learns_through_its_cli(tmp_path):
     on the meta device), shortened: validation loss falls."""
     ea = run_recipe("lightning_omni.examples.llava_train",
                     ["--config", "recipes/omni/llava_tiny.yaml", "--trainer.max_epochs", "2",
-                     "--data.samples_per_epoch", "96"], tmp_path)
+                     "--data.samples_per_epoch", "160"], tmp_path)
     val = [e.value for e in ea.Scalars("val/loss")]
     assert len(val) == 2 and val[1] < 0.8 * val[0], val
 
