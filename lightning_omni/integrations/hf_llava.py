@@ -112,16 +112,17 @@ class LlavaDecoderLayer(nn.Module):
         index = getattr(getattr(layer, "self_attn", None), "layer_idx", None)
         types = getattr(config, "layer_types", None)
         self.attention_type = types[index] if types and index is not None else "full_attention"
+        from transformers import masking_utils
+
+        self._make_mask = (masking_utils.create_sliding_window_causal_mask
+                           if self.attention_type == "sliding_attention"
+                           else masking_utils.create_causal_mask)
 
     def forward(self, h: Tensor) -> Tensor:
-        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-
         positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
-        make = create_sliding_window_causal_mask if self.attention_type == "sliding_attention" \
-            else create_causal_mask
         # (a meta run, which sizes the pipeline's messages, cannot look for packed sequences)
-        mask = make(config=self.config, inputs_embeds=h, attention_mask=None, cache=None,
-                    position_ids=None if h.is_meta else positions)
+        mask = self._make_mask(config=self.config, inputs_embeds=h, attention_mask=None,
+                               cache=None, position_ids=None if h.is_meta else positions)
         rotary = self._rotary[0]
         return self.layer(h, attention_mask=mask, position_ids=positions,
                           position_embeddings=rotary(h, positions))
