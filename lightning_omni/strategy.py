@@ -77,6 +77,11 @@ class OmniStrategy(DDPStrategy):
         meta_init: modules built in ``configure_model`` (or ``Trainer.init_module``) are
             created on the meta device and each rank materializes only what it hosts, with
             the plain build's values (``runtime/meta_init.py``); False builds them whole.
+        recompute: recompute every LLM block of the stage in backward (activation
+            checkpointing: each block keeps only its input; ``runtime/recompute.py``).
+        encoder_recompute: the same for the encoders, one layer at a time where the encoder
+            exposes its layers (``blocks``, ``layers``, a nested ``encoder.layers``), else
+            the whole encoder call.
     """
 
     strategy_name = "omni"
@@ -89,6 +94,7 @@ class OmniStrategy(DDPStrategy):
                  lssp_max_rows: float | None = None,
                  encoder_cost: tuple[float, float] = (1.0, 0.0),
                  ulysses_backend: str = "auto", zero_stage: int = 0, meta_init: bool = True,
+                 recompute: bool = False, encoder_recompute: bool = False,
                  **kwargs: Any) -> None:
         positive_int("pipeline_parallel", pipeline_parallel)
         positive_int("data_parallel", data_parallel, none_ok=True)
@@ -103,6 +109,8 @@ class OmniStrategy(DDPStrategy):
         boolean("meta_init", meta_init)
         boolean("lssp", lssp)
         boolean("reorder", reorder)
+        boolean("recompute", recompute)
+        boolean("encoder_recompute", encoder_recompute)
         super().__init__(timeout=timeout, **kwargs)
         self.zero_stage = zero_stage
         self.meta_init = meta_init
@@ -111,6 +119,7 @@ class OmniStrategy(DDPStrategy):
         self._elsewhere: dict[int, tuple[int, ...]] = {}  # shapes of what it never built
         self._meta_layout = None  # the layout fixed before a meta build was materialized
         self.lssp, self.reorder = lssp, reorder
+        self.recompute, self.encoder_recompute = recompute, encoder_recompute
         self.locality_groups = None if locality_groups is None else list(locality_groups)
         self.lssp_max_rows = lssp_max_rows
         self.encoder_cost = (float(encoder_cost[0]), float(encoder_cost[1]))
@@ -232,6 +241,7 @@ class OmniStrategy(DDPStrategy):
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         self.engine = self._engine_for(module)
+        self.engine.set_recompute(self.recompute, self.encoder_recompute)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
             if self.zero_stage == 1:

@@ -109,6 +109,14 @@ class OmniEngine:
         self.group_options = group_options
         self.ulysses_backend = ulysses_backend
         self.cache = self._make_encoder_groups() if group_options is not None else None
+        self.recompute = self.encoder_recompute = False
+
+    def set_recompute(self, llm: bool, encoder: bool) -> None:
+        """Activation recomputation of the stage's LLM blocks / of the encoders' layers in
+        training steps (``runtime/recompute.py``)."""
+        self.recompute, self.encoder_recompute = llm, encoder
+        if self.executor is not None:
+            self.executor.recompute, self.executor.encoder_recompute = llm, encoder
 
     def _new_group(self, ranks: tuple[int, ...]) -> object:
         if len(ranks) == self.layout.world_size:
@@ -185,6 +193,7 @@ class OmniEngine:
             ex.cache, ex.ulysses_backend = self.cache, self.ulysses_backend
             self.group_options = self._row_bytes(batch, self.probe.hidden,
                                                  self.probe.feature_dtype)
+        ex.recompute, ex.encoder_recompute = self.recompute, self.encoder_recompute
         self.executor = ex
 
     def _row_bytes(self, batch: dict[str, Tensor], hidden: int, dtype: torch.dtype

@@ -35,6 +35,7 @@ from .hosting import Hosting
 from .layout import Layout
 from .lssp_exec import build_exec_plan, run_lssp_microbatch
 from .memory import SavedTensorMeter
+from .recompute import checkpointed, encoder_layers
 from .step_state import Posted, StepMode, StepState
 
 __all__ = ["StageExecutor", "StepMode", "StepRecord", "rows_of", "split_microbatches"]
@@ -119,6 +120,11 @@ class StageExecutor:
         self.meter = SavedTensorMeter(held)
         self.cache: SubgroupCache | None = None  # encoder group process groups (LSSP/reorder)
         self.ulysses_backend = "auto"
+        # activation recomputation in training steps (runtime/recompute.py): every LLM block
+        # of the stage, every encoder layer (or whole encoder call)
+        self.recompute = self.encoder_recompute = False
+        self._enc_layers: dict[int, list[nn.Module]] = {}
+        self._forward_context: Callable[[], AbstractContextManager] = nullcontext
         self._step = StepState()  # replaced at the start of every ``run``
 
     @property
@@ -153,6 +159,7 @@ class StageExecutor:
         actions = plan.actions[rank]
         posts = dict(message_posts(plan)[rank])
         st = self._step = StepState(mode, mbs, grouped)
+        self._forward_context = forward_context  # recomputations run under it too
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         count = torch.zeros((), dtype=torch.float64, device=self.device)
         self.meter.reset_peak()
@@ -211,6 +218,18 @@ class StageExecutor:
                           st.bytes_sent)
 
     # -- compute --------------------------------------------------------------------------
+    def _recomputing(self, on: bool, modules: list[nn.Module]) -> AbstractContextManager:
+        if not on or self._step.mode != StepMode.TRAIN:
+            return nullcontext()
+        return checkpointed(modules, self._forward_context)
+
+    def _encoder_recomputing(self, encoder: nn.Module) -> AbstractContextManager:
+        """Checkpoint the encoder's layers, or its whole call (``encoder_layers``)."""
+        layers = self._enc_layers.get(id(encoder))
+        if layers is None:
+            layers = self._enc_layers[id(encoder)] = encoder_layers(encoder) or [encoder]
+        return self._recomputing(self.encoder_recompute, layers)
+
     def _encode(self, mb: dict[str, Tensor], samples: tuple[int, ...]) -> Tensor:
         """Features of ``samples`` (per modality in order, sample by sample)."""
         s = torch.tensor(samples, dtype=torch.long, device=self.device)
@@ -220,7 +239,8 @@ class StageExecutor:
             idx = s[lengths[s] > 0]
             if idx.numel() == 0:
                 continue
-            out = m.encoder(mb[m.inputs][idx], lengths[idx])
+            with self._encoder_recomputing(m.encoder):
+                out = m.encoder(mb[m.inputs][idx], lengths[idx])
             chunks.append(valid_rows(out, lengths[idx]))
         if not chunks:
             return torch.zeros(0, self.hidden, dtype=self.dtype, device=self.device)
@@ -267,9 +287,10 @@ class StageExecutor:
             mine = sorted(g for g, o in w.owner[k].items() if o == j)
             x = mb[mod.inputs]
             inputs = {g: x[g - first, :w.lengths[k][g]] for g in mine}
-            res = run_lssp_microbatch(mod.encoder, ex, inputs, w.members, cache=self.cache,
-                                      backend=self.ulysses_backend, row_shape=x.shape[2:],
-                                      out_dim=self.hidden, dtype=x.dtype)
+            with self._encoder_recomputing(mod.encoder):
+                res = run_lssp_microbatch(mod.encoder, ex, inputs, w.members, cache=self.cache,
+                                          backend=self.ulysses_backend, row_shape=x.shape[2:],
+                                          out_dim=self.hidden, dtype=x.dtype)
             self._step.bytes_sent += res.bytes_sent
             part = (torch.cat([res.features[g] for g in mine]) if mine else
                     torch.zeros(0, self.hidden, dtype=self.dtype, device=self.device))
@@ -335,8 +356,9 @@ class StageExecutor:
         else:
             h = self._step.act_in.pop(a.microbatch)
             self._step.stage_in[a.microbatch] = h
-        for block in self.blocks:
-            h = block(h)
+        with self._recomputing(self.recompute, self.blocks):
+            for block in self.blocks:
+                h = block(h)
         if not self.layout.is_last:
             self._step.stage_out[a.microbatch] = h
             return None
