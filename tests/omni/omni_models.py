@@ -70,17 +70,23 @@ class OmniToy(pl.LightningModule):
     """A multimodal LLM written for one device; ``configure_omni`` is the only Omni addition."""
 
     def __init__(self, hidden: int = 16, layers: int = 4, lr: float = 1e-2,
-                 width: int = 12, encoder: str = "plain", tie: bool = False) -> None:
+                 width: int = 12, encoder: str = "plain", tie: bool = False,
+                 dropout: float = 0.0) -> None:
         super().__init__()
         self.lr = lr
-        self._build(hidden, layers, width, encoder, tie)
+        self._build(hidden, layers, width, encoder, tie, dropout)
 
-    def _build(self, hidden: int, layers: int, width: int, encoder: str, tie: bool) -> None:
-        if encoder == "token":  # attention swappable for Ulysses: LSSP can split a sample
+    def _build(self, hidden: int, layers: int, width: int, encoder: str, tie: bool,
+               dropout: float = 0.0) -> None:
+        """``encoder``: "plain" (``Encoder``), "token" (``TokenEncoder``, which LSSP can split)
+        or "mixed" (a TokenEncoder for images, an ``Encoder`` for audio). ``dropout > 0``: an
+        ``nn.Dropout`` after every MLP/projector (the same parameters and initial values)."""
+        if encoder in ("token", "mixed"):  # attention swappable for Ulysses: LSSP can split
             from lightning_omni.runtime.token_encoder import TokenEncoder
 
             self.image_encoder = TokenEncoder(IMG_DIM, width, 2, 1, out_dim=hidden)
-            self.audio_encoder = TokenEncoder(AUD_DIM, width, 2, 1, out_dim=hidden)
+            self.audio_encoder = (TokenEncoder(AUD_DIM, width, 2, 1, out_dim=hidden)
+                                  if encoder == "token" else Encoder(AUD_DIM, width, hidden))
         else:
             self.image_encoder = Encoder(IMG_DIM, width, hidden)
             self.audio_encoder = Encoder(AUD_DIM, width, hidden)
@@ -89,6 +95,9 @@ class OmniToy(pl.LightningModule):
         self.head = Head(hidden)
         if tie:  # the head's output weight is the token embedding (stages 0 and P-1 share it)
             self.head.out.weight = self.embed.tok.weight
+        if dropout:
+            for seq in [m for m in self.modules() if isinstance(m, nn.Sequential)]:
+                seq.append(nn.Dropout(dropout))
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         tokens = batch["tokens"]
@@ -377,6 +386,32 @@ def strategy_worker(rank: int, world: int, log_dir: str) -> dict[str, Any]:
     except OmniRuntimeError as err:
         out["lost_rank_error"] = str(err)
     out["lost_rank_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def recompute_worker(rank: int, world: int, runs: dict[str, dict], steps: int, batch: int,
+                     samples: int) -> dict[str, Any]:
+    """Per run (name -> ``pp``, ``dp``, ``model``: ``make_model`` options, ``seed``: the
+    random state each rank starts the fit from (dropout), and OmniStrategy's other keyword
+    arguments): losses, first-step gradients and final values of the hosted parameters,
+    this rank's stage and the last step's peak of saved activation bytes."""
+    from lightning_omni import OmniStrategy
+
+    out: dict[str, Any] = {}
+    for name, run in runs.items():
+        kw = dict(run)
+        pp, dp, model_kw, seed = kw.pop("pp"), kw.pop("dp"), kw.pop("model", {}), kw.pop("seed")
+        model = make_model(0, **model_kw)
+        torch.manual_seed(seed + rank)
+        strategy = OmniStrategy(pipeline_parallel=pp, data_parallel=dp, num_microbatches=4, **kw)
+        rec = _Record()
+        _trainer(world, strategy, steps, [rec]).fit(model, _loader(rank, pp, dp, samples, batch))
+        hosted = strategy.engine.hosted_param_ids()
+        out[name] = {"losses": rec.losses, "grads0": rec.grads0,
+                     "params": {n: p.detach().clone() for n, p in model.named_parameters()
+                                if id(p) in hosted},
+                     "stage": strategy.engine.layout.stage,
+                     "peak": strategy.last_step.record.peak_saved_bytes}
     return out
 
 
