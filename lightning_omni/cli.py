@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="print the table only")
     p.add_argument("--runnable-only", action="store_true",
                    help="search only layouts OmniStrategy can launch today (TP1, no "
-                        "interleaving or recompute, encoders on the LLM's ranks)")
+                        "interleaving, encoders on the LLM's ranks)")
     return p
 
 

@@ -1,7 +1,7 @@
 """From a predicted layout to a launch: which layouts OmniStrategy runs, and its arguments.
 
 The planner prices a wider space than the runtime executes (tensor parallelism, interleaved
-pipelines, recomputation, a separate encoder pool), because the baselines it compares against
+pipelines, a separate encoder pool), because the baselines it compares against
 use them. This file is the one place that says which planned layouts the runtime can run and
 why the others cannot, so that ``omni-plan`` marks its predictions and can search only the
 launchable ones (``--runnable-only``).
@@ -48,9 +48,6 @@ def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
         why.append("tensor parallelism: OmniStrategy has pipeline and data parallelism only")
     if cfg.vpp > 1:
         why.append("an interleaved pipeline (VPP): one model chunk per rank only")
-    if cfg.recompute or cfg.encoder_recompute:
-        why.append("activation recomputation: not offered by OmniStrategy (wrap the module's "
-                   "blocks in torch.utils.checkpoint instead; the plan does not price that)")
     stage_layers = _stage_layers(scenario.llm.layers, cfg.pp, cfg.stage0_layer_fraction)
     if min(stage_layers) < 1:
         why.append("a stage without LLM layers: every stage hosts at least one block")
@@ -76,6 +73,11 @@ def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
     }
     if cfg.stage0_layer_fraction != 1.0:
         kwargs["stage_blocks"] = stage_layers
+    # the planner's full recompute: every LLM block / encoder layer keeps only its input
+    if cfg.recompute:
+        kwargs["recompute"] = True
+    if cfg.encoder_recompute:
+        kwargs["encoder_recompute"] = True
     return Launch(True, (), kwargs)
 
 
@@ -85,13 +87,12 @@ def runnable_systems(systems: tuple[str, ...] | list[str], scenario: Scenario) -
 
 
 def runnable_grid(grid: Grid) -> Grid:
-    """``grid`` narrowed to what OmniStrategy runs: TP1, one chunk per rank, no recompute,
-    every stage with LLM layers, equal replicas. Raises if nothing is left."""
+    """``grid`` narrowed to what OmniStrategy runs: TP1, one chunk per rank, every stage with
+    LLM layers, equal replicas (any recompute). Raises if nothing is left."""
     narrowed = replace(grid, tp=tuple(t for t in grid.tp if t == 1), vpp=(1,),
-                       recompute=tuple(r for r in grid.recompute if r == (False, False)),
                        stage0_fractions=tuple(f for f in grid.stage0_fractions if f > 0),
                        min_stage_layers=1, equal_replicas=True)
-    if not narrowed.tp or not narrowed.recompute or not narrowed.stage0_fractions:
-        raise ValueError(f"grid: expected tp 1, recompute (False, False) and a stage-0 fraction "
-                         f"> 0 among the choices for --runnable-only, got {grid}")
+    if not narrowed.tp or not narrowed.stage0_fractions:
+        raise ValueError(f"grid: expected tp 1 and a stage-0 fraction > 0 among the choices "
+                         f"for --runnable-only, got {grid}")
     return narrowed

@@ -44,8 +44,6 @@ def test_runnable_layouts_map_to_strategy_arguments():
     ("omni", ParallelConfig(2, 2, 2), _scenario(), "tensor parallelism"),
     ("omni", ParallelConfig(1, 2, 4, encoder_tp=2), _scenario(), "tensor parallelism"),
     ("megatron", ParallelConfig(1, 2, 4, vpp=2), _scenario(), "interleaved"),
-    ("omni", ParallelConfig(1, 2, 4, recompute=True), _scenario(), "recomputation"),
-    ("omni", ParallelConfig(1, 2, 4, encoder_recompute=True), _scenario(), "recomputation"),
     ("megatron", ParallelConfig(1, 2, 4, stage0_layer_fraction=0.0), _scenario(),
      "without LLM layers"),
     ("omni", ParallelConfig(1, 1, 8), _scenario(global_batch=12), "does not divide"),
@@ -59,9 +57,25 @@ def test_each_unsupported_dimension_is_named(system, cfg, sc, words):
     assert len(verdict.why_not) == 1 and words in verdict.why_not[0]
 
 
+@pytest.mark.parametrize("system", ["omni", "megatron"])
+def test_recompute_layouts_launch_with_recompute(system):
+    """The planner's recompute (every LLM layer / encoder layer keeps its input) is
+    OmniStrategy's ``recompute`` / ``encoder_recompute``; LSSP stays on with it."""
+    plain = launch(system, ParallelConfig(1, 2, 4), _scenario()).strategy_kwargs
+    assert "recompute" not in plain and "encoder_recompute" not in plain
+    for rec, enc in ((True, False), (False, True), (True, True)):
+        verdict = launch(system, ParallelConfig(1, 2, 4, recompute=rec, encoder_recompute=enc),
+                         _scenario())
+        assert verdict.runnable and verdict.why_not == ()
+        kw = dict(verdict.strategy_kwargs)
+        assert (kw.pop("recompute", False), kw.pop("encoder_recompute", False)) == (rec, enc)
+        assert kw == plain
+
+
 def test_runnable_grid_yields_only_runnable_layouts():
     grid = runnable_grid(DEFAULT_GRID)
-    assert grid.tp == (1,) and grid.vpp == (1,) and grid.recompute == ((False, False),)
+    assert grid.tp == (1,) and grid.vpp == (1,) and grid.recompute == DEFAULT_GRID.recompute
+    assert (True, True) in grid.recompute
     for sc in (_scenario(), _scenario(global_batch=12)):  # PP8 of 8 layers; DP8 of 12
         for system in runnable_systems(("megatron", "disaggregated", "omni"), sc):
             configs = candidate_configs(system, sc, grid=grid)
@@ -83,6 +97,10 @@ def test_strategy_accepts_the_planned_arguments():
     strategy = OmniStrategy(**kwargs)
     assert (strategy.pipeline_parallel, strategy.data_parallel) == (4, 2)
     assert strategy.stage_blocks == [1, 2, 2, 3] and strategy.num_microbatches == 4
+    kwargs = launch("omni", ParallelConfig(1, 2, 4, recompute=True, encoder_recompute=True),
+                    _scenario()).strategy_kwargs
+    strategy = OmniStrategy(**kwargs)
+    assert strategy.recompute and strategy.encoder_recompute and strategy.lssp
 
 
 TINY = {
