@@ -128,10 +128,16 @@ class TransformerConfig:
         input, 8h second-GEMM input, h mask), layer norms 4h. Written for any width: K and V
         are ``kv_dim`` wide (GQA), the MLP keeps 2*ffn bytes per stored tensor and a gated MLP
         stores one more (gate and up both feed the product)."""
+        return self.saved_bytes_per_token_layer(BYTES_BF16, 1.0)
+
+    def saved_bytes_per_token_layer(self, value_bytes: float, mask_bytes: float) -> float:
+        """``activation_bytes_per_token_layer`` for activations of ``value_bytes`` each (2:
+        bf16, 4: float32) and dropout masks of ``mask_bytes`` per element (0: no dropout)."""
         h, kv, f = self.hidden, self.kv_dim, self.ffn_hidden
-        attention = 2 * h + 2 * h + 2 * kv + 2 * kv + 2 * h + h
-        mlp = 2 * h + (3 if self.gated_mlp else 2) * 2 * f + h
-        return float(attention + mlp + 4 * h)
+        attention = h + h + kv + kv + h  # QKV input, Q, K, V, output-projection input
+        mlp = h + (3 if self.gated_mlp else 2) * f  # input, GeLU input, second-GEMM input
+        norms = 2 * h
+        return float(value_bytes * (attention + mlp + norms) + mask_bytes * 2 * h)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +226,10 @@ class CostModel:
     optimizer_bytes_per_param: float = 12.0
     weight_grad_bytes_per_param: float = 6.0
     runtime_overhead_bytes: float = 3e9
+    # stored activations: bf16 values and one-byte dropout masks (a float32 run without
+    # dropout: 4.0 and 0.0)
+    activation_value_bytes: float = BYTES_BF16
+    dropout_mask_bytes: float = 1.0
 
     # ---- compute -------------------------------------------------------------------------
     def layer_seconds_each(self, model: TransformerConfig, lengths: Iterable[int] | np.ndarray,
@@ -414,16 +424,21 @@ class CostModel:
                          layers: int, tp: int, recompute: bool) -> float | np.ndarray:
         """Activations a microbatch keeps for backward, split over TP with sequence
         parallelism (Korthikanti et al. 2022: every term divides by t). Full recompute keeps
-        only each layer's bf16 input (2*h bytes per token); the one layer being recomputed at
-        a time is a transient working set: ``recompute_working_bytes``, counted once per rank,
-        not per microbatch in flight."""
-        per_token_layer = (2.0 * model.hidden if recompute
-                           else model.activation_bytes_per_token_layer)
+        only each layer's input (h values per token: 2*h bytes in bf16); the one layer being
+        recomputed at a time is a transient working set: ``recompute_working_bytes``, counted
+        once per rank, not per microbatch in flight. Values and masks are
+        ``activation_value_bytes`` and ``dropout_mask_bytes`` each."""
+        per_token_layer = (self.activation_value_bytes * model.hidden if recompute
+                           else self._layer_bytes(model))
         return tokens * layers * per_token_layer / tp
 
     def recompute_working_bytes(self, model: TransformerConfig, tokens: float, tp: int) -> float:
         """One layer's full activations for ``tokens``: what recomputation rebuilds at a time."""
-        return tokens * model.activation_bytes_per_token_layer / tp
+        return tokens * self._layer_bytes(model) / tp
+
+    def _layer_bytes(self, model: TransformerConfig) -> float:
+        return model.saved_bytes_per_token_layer(self.activation_value_bytes,
+                                                 self.dropout_mask_bytes)
 
     def logits_bytes(self, model: TransformerConfig, tokens: float, tp: int) -> float:
         return tokens * model.vocab * 4.0 / tp

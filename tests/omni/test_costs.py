@@ -283,3 +283,14 @@ def test_plan_package_does_not_import_torch():
                 import sys
                 assert top in allowed or top in sys.stdlib_module_names, \
                     f"{path.name} imports {name}"
+
+
+def test_activation_bytes_in_the_run_s_own_dtype():
+    """A float32 run without dropout (the CPU toys): every stored value 4 bytes, no masks;
+    the bf16 defaults are the 34*h of Korthikanti et al. for a plain GPT layer."""
+    gpt = TransformerConfig("gpt", layers=4, hidden=64, heads=4, ffn_hidden=256)
+    assert gpt.activation_bytes_per_token_layer == 34 * 64
+    f32 = CostModel(H100_80G, activation_value_bytes=4.0, dropout_mask_bytes=0.0)
+    assert f32.activation_bytes(gpt, 10, 3, 1, recompute=False) == 10 * 3 * 4 * 16 * 64
+    assert f32.activation_bytes(gpt, 10, 3, 1, recompute=True) == 10 * 3 * 4 * 64
+    assert f32.recompute_working_bytes(gpt, 10, 1) == 10 * 4 * 16 * 64
