@@ -1,20 +1,30 @@
-"""Memory per rank when each rank builds only what it hosts, with ZeRO-1: PP2 x DP2 on CPU.
+"""Memory per rank when each rank builds only what it hosts, with ZeRO-1: PP2 x DP2 on CPU;
+activation recomputation; the planner's memory model against the measured stages.
 
-The model (12 MLP blocks of width 1536, a 32k vocabulary embedding and untied head, a small
+The model (8 GPT layers of width 1536, a 32k vocabulary embedding and untied head, a small
 image encoder: about 1.3 GB of float32 parameters) is built in ``configure_model``, so under
 OmniStrategy each rank records the build on the meta device and materializes only its stage.
-Four gloo processes run one training step with ``zero_stage=1`` (Adam). Measured per rank:
-parameter bytes it holds, its peak RSS up to the end of setup (``ru_maxrss`` before the first
-batch, imports included), and its optimizer state after the step. Against them, one process
-builds the plain module (the same imports), and steps Adam on it once: its peak RSS after the
-build and its optimizer state.
+The layout is the planner's (``plan.runnable.launch`` of ``TP1 PP2 DP2`` for Omni without LSSP
+and reordering: uniform insertion, 2 microbatches of 2 samples of 128 tokens, ``zero_stage=1``).
+Four gloo processes run one training step (Adam), then one more with ``recompute=True`` (the
+planner's ``+recompute`` layout). Measured per rank: parameter bytes it holds, its peak RSS up to
+the end of setup (``ru_maxrss`` before the first batch, imports included), gradient bytes,
+optimizer state after the step, and the peak of activation bytes held for backward (the
+runtime's saved-tensor meter, ``StepRecord.peak_saved_bytes``). Against them, one process builds
+the plain module (the same imports), and steps Adam on it once: its peak RSS after the build and
+its optimizer state. The planner's memory model (``plan.pricing.price_replicas``, the
+``costs.py`` memory functions) is evaluated for the same model and layout in the toy's own
+terms: float32 weights, gradients and Adam moments, float32 activations, no dropout, no runtime
+overhead.
 
-    python benchmarks/omni_memory.py --out build/omni_memory.json [--hidden 1536 --blocks 12]
+    python benchmarks/omni_memory.py --out build/omni_memory.json [--hidden 1536 --blocks 8]
+    python benchmarks/omni_memory.py --quick    # width 256, under a minute
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -24,18 +34,29 @@ import tempfile
 from pathlib import Path
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 import torch.multiprocessing as mp
 from torch import Tensor, nn
 
 from lightning_omni import Modality, OmniSpec, OmniStrategy
+from lightning_omni.examples.multimodal_model import GptBlock
+from lightning_omni.plan.costs import H100_80G, IMAGE, CostModel, TransformerConfig
+from lightning_omni.plan.pricing import price_replicas
+from lightning_omni.plan.runnable import launch
+from lightning_omni.plan.scenario import ParallelConfig, Scenario
+from lightning_omni.plan.step_data import StepData
+from lightning_omni.plan.workload import LengthDist, Mixture, Source
 from lightning_omni.runtime.zero import state_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from omni_runtime import image_text_batch  # noqa: E402
 
-VOCAB, SEQ, IMG_DIM, IMG_ROWS, IMG_ID, PAD = 32000, 16, 32, 4, 1, 0
-TARGETS = {"param_ratio_max": 0.6, "optimizer_ratio_max": 0.6, "rss_ratio_max": 0.7}
+VOCAB, SEQ, IMG_DIM, IMG_ROWS, IMG_ID, PAD = 32000, 128, 32, 4, 1, 0
+PP, DP, SAMPLES = 2, 2, 4  # samples per replica and step
+HEAD_DIM = 64
+TARGETS = {"param_ratio_max": 0.6, "optimizer_ratio_max": 0.6, "rss_ratio_max": 0.7,
+           "activation_recompute_ratio_max": 0.6, "stage_bytes_error_max": 0.2}
 
 
 class ImageEncoder(nn.Module):
@@ -47,15 +68,8 @@ class ImageEncoder(nn.Module):
         return self.proj(x)
 
 
-class Block(nn.Module):
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(hidden)
-        self.up = nn.Linear(hidden, 4 * hidden)
-        self.down = nn.Linear(4 * hidden, hidden)
-
-    def forward(self, h: Tensor) -> Tensor:
-        return h + self.down(torch.nn.functional.gelu(self.up(self.norm(h))))
+def heads_of(hidden: int) -> int:
+    return max(1, hidden // HEAD_DIM)
 
 
 def loss_terms(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
@@ -78,7 +92,8 @@ class BigModel(pl.LightningModule):
             return
         self.embed = nn.Embedding(VOCAB, self.hidden)
         self.image_encoder = ImageEncoder(self.hidden)
-        self.blocks = nn.ModuleList(Block(self.hidden) for _ in range(self.num_blocks))
+        self.blocks = nn.ModuleList(GptBlock(self.hidden, heads_of(self.hidden))
+                                    for _ in range(self.num_blocks))
         self.head = nn.Linear(self.hidden, VOCAB, bias=False)
 
     def configure_omni(self) -> OmniSpec:
@@ -94,13 +109,16 @@ class BigModel(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-4)
 
 
-def make_batch(n: int) -> dict[str, Tensor]:
-    return image_text_batch(n, SEQ, IMG_ROWS, IMG_DIM, VOCAB, IMG_ID, seed=0)
+def make_batch(n: int, seq: int = SEQ) -> dict[str, Tensor]:
+    return image_text_batch(n, seq, IMG_ROWS, IMG_DIM, VOCAB, IMG_ID, seed=0)
 
 
 class _Loader(torch.utils.data.IterableDataset):
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+
     def __iter__(self):
-        yield make_batch(4)
+        yield make_batch(SAMPLES, self.seq)
 
 
 class _Measure(pl.Callback):
@@ -111,29 +129,41 @@ class _Measure(pl.Callback):
         self.out["setup_peak_rss_mb"] = _peak_rss_mb()
         self.out["param_bytes"] = sum(p.numel() * p.element_size() for p in module.parameters())
 
+    def on_before_optimizer_step(self, trainer, module, optimizer) -> None:
+        self.out["grad_bytes"] = sum(p.grad.numel() * p.grad.element_size()
+                                     for p in module.parameters() if p.grad is not None)
+
     def on_train_end(self, trainer, module) -> None:
-        self.out["optimizer_state_bytes"] = state_bytes(trainer.strategy.optimizers[0])
+        strategy = trainer.strategy
+        self.out["optimizer_state_bytes"] = state_bytes(strategy.optimizers[0])
+        self.out["activation_peak_bytes"] = strategy.last_step.record.peak_saved_bytes
+        self.out["stage"] = strategy.engine.layout.stage
 
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
-def _rank(rank: int, world: int, port: int, hidden: int, blocks: int, out_dir: str) -> None:
+def _rank(rank: int, world: int, port: int, hidden: int, blocks: int, seq: int,
+          launches: dict[str, dict], out_dir: str) -> None:
+    """One training step per planned launch (the first one's RSS is the setup's)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                       RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0")
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    measure = _Measure()
-    trainer = pl.Trainer(accelerator="cpu", devices=world, max_steps=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, use_distributed_sampler=False,
-                         callbacks=[measure],
-                         strategy=OmniStrategy(pipeline_parallel=2, data_parallel=2,
-                                               num_microbatches=2, zero_stage=1))
-    data = torch.utils.data.DataLoader(_Loader(), batch_size=None)
-    trainer.fit(BigModel(hidden, blocks), data)
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(measure.out))
+    out = {}
+    for name, kwargs in launches.items():
+        torch.manual_seed(0)
+        measure = _Measure()
+        trainer = pl.Trainer(accelerator="cpu", devices=world, max_steps=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, use_distributed_sampler=False,
+                             callbacks=[measure], strategy=OmniStrategy(**kwargs))
+        data = torch.utils.data.DataLoader(_Loader(seq), batch_size=None)
+        trainer.fit(BigModel(hidden, blocks), data)
+        out[name] = measure.out
+        del trainer, data
+        gc.collect()  # the first run's stage before the next one builds its own
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
 
 
 def _whole(_index: int, hidden: int, blocks: int, out_dir: str) -> None:
@@ -159,17 +189,70 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(hidden: int, blocks: int) -> dict:
+# -- the planner's view of the same model and layout -------------------------------------------
+def scenario(hidden: int, blocks: int, seq: int) -> Scenario:
+    """The toy as the planner sees it: every sample IMG_ROWS image rows (one LLM token each)
+    and seq - IMG_ROWS text tokens; the planner's microbatch is one packed sequence, here the
+    runtime's microbatch of SAMPLES / 2 samples."""
+    llm = TransformerConfig("omni-memory-gpt", layers=blocks, hidden=hidden,
+                            heads=heads_of(hidden), ffn_hidden=4 * hidden, vocab=VOCAB)
+    # a TransformerConfig cannot describe the toy's encoder (one linear projector, 0.05M
+    # parameters); the stand-in is the smallest one-layer config of its input width: both are
+    # under 0.01% of a stage
+    enc = TransformerConfig("projector stand-in", layers=1, hidden=IMG_DIM, heads=1,
+                            ffn_hidden=IMG_DIM, causal=False)
+    fixed = Source("toy", IMAGE, 1.0, LengthDist(seq - IMG_ROWS, sigma=0.0, high=seq),
+                   LengthDist(IMG_ROWS, sigma=0.0), encoder_per_llm_token=1.0)
+    num_mb = 2
+    return Scenario("omni_memory toy", enc, llm, H100_80G, PP * DP, DP * num_mb,
+                    seq * SAMPLES // num_mb, Mixture("toy", (fixed,)),
+                    omni_off=("lssp", "reorder"))
+
+
+def toy_cost() -> CostModel:
+    """The planner's cost model in the toy's terms: float32 weights and gradients (8 bytes a
+    parameter), Adam's two float32 moments (8, sharded over DP by ZeRO-1), float32
+    activations without dropout masks, and no runtime overhead (the meter counts tensors)."""
+    return CostModel(H100_80G, optimizer_bytes_per_param=8.0, weight_grad_bytes_per_param=8.0,
+                     runtime_overhead_bytes=0.0, activation_value_bytes=4.0,
+                     dropout_mask_bytes=0.0)
+
+
+def predicted(sc: Scenario, recompute: bool) -> dict:
+    """Per stage: the planner's peak bytes (static + activations in program order) over the
+    replicas, and its static part."""
+    cfg = ParallelConfig(1, PP, DP, recompute=recompute)
+    cost = toy_cost()
+    priced = price_replicas("omni", StepData(sc, cost), cfg)
+    peaks = np.array([p.peak_bytes for p in priced]).max(axis=0)
+    static = np.array([p.priced.static for p in priced]).max(axis=0)
+    return {"stage_bytes": [float(b) for b in peaks],
+            "activation_bytes": [float(b) for b in peaks - static],
+            "launch": launch("omni", cfg, sc).strategy_kwargs}
+
+
+def _per_stage(ranks: list[dict], key: str) -> list[int]:
+    """The fullest replica's value on each stage."""
+    return [max(r[key] for r in ranks if r["stage"] == s) for s in range(PP)]
+
+
+def run(hidden: int, blocks: int, seq: int = SEQ) -> dict:
+    sc = scenario(hidden, blocks, seq)
+    plan = {"no_recompute": predicted(sc, False), "recompute": predicted(sc, True)}
+    launches = {k: v["launch"] for k, v in plan.items()}
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(_whole, args=(hidden, blocks, out_dir), nprocs=1,
                            start_method="spawn")  # a fresh process: RSS of this build only
-        mp.start_processes(_rank, args=(4, _free_port(), hidden, blocks, out_dir), nprocs=4,
-                           start_method="spawn")
+        mp.start_processes(_rank, args=(4, _free_port(), hidden, blocks, seq, launches,
+                                        out_dir), nprocs=4, start_method="spawn")
         whole = json.loads(Path(out_dir, "whole.json").read_text())
-        ranks = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(4)]
+        both = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(4)]
+    ranks = [r["no_recompute"] for r in both]
     res = {
         "layout": "PP2 x DP2, zero_stage=1, configure_model on the meta device",
-        "hidden": hidden, "blocks": blocks,
+        "launch": launches["no_recompute"],
+        "hidden": hidden, "blocks": blocks, "seq": seq,
+        "tokens_per_microbatch": sc.seq_len,
         "full_param_bytes": whole["param_bytes"],
         "param_bytes_per_rank": [r["param_bytes"] for r in ranks],
         "setup_peak_rss_mb_per_rank": [r["setup_peak_rss_mb"] for r in ranks],
@@ -182,10 +265,37 @@ def run(hidden: int, blocks: int) -> dict:
                               / res["optimizer_state_bytes_unsharded"])
     res["rss_ratio"] = (max(res["setup_peak_rss_mb_per_rank"])
                         / res["setup_peak_rss_mb_whole_model"])
+    for name in plan:
+        mine = [r[name] for r in both]
+        for r in mine:
+            r["stage_bytes"] = (r["param_bytes"] + r["grad_bytes"] + r["optimizer_state_bytes"]
+                                + r["activation_peak_bytes"])
+        suffix = "" if name == "no_recompute" else "_recompute"
+        res[f"measured_stage_bytes{suffix}"] = _per_stage(mine, "stage_bytes")
+        res[f"predicted_stage_bytes{suffix}"] = plan[name]["stage_bytes"]
+        res[f"measured_activation_bytes{suffix}"] = _per_stage(mine, "activation_peak_bytes")
+        res[f"predicted_activation_bytes{suffix}"] = plan[name]["activation_bytes"]
+        res[f"stage_bytes_error{suffix}"] = [
+            m / p - 1.0 for m, p in zip(res[f"measured_stage_bytes{suffix}"],
+                                        res[f"predicted_stage_bytes{suffix}"], strict=True)]
+    for part in ("param_bytes", "grad_bytes", "optimizer_state_bytes"):
+        res[f"measured_{part}_per_stage"] = _per_stage(ranks, part)
+    # stage 0: the first half of the blocks, two microbatches in flight
+    res["activation_peak_stage"] = 0
+    res["activation_peak_bytes_no_recompute"] = res["measured_activation_bytes"][0]
+    res["activation_peak_bytes_recompute"] = res["measured_activation_bytes_recompute"][0]
+    res["activation_recompute_ratio"] = (res["activation_peak_bytes_recompute"]
+                                         / res["activation_peak_bytes_no_recompute"])
+    res["activation_meter"] = ("runtime saved-tensor meter (StepRecord.peak_saved_bytes): "
+                               "bytes held from forward to backward, one count per storage")
     res["targets"] = TARGETS
+    worst = max(abs(e) for e in res["stage_bytes_error"])
     res["met"] = {"param": res["param_ratio"] <= TARGETS["param_ratio_max"],
                   "optimizer": res["optimizer_ratio"] <= TARGETS["optimizer_ratio_max"],
-                  "rss": res["rss_ratio"] <= TARGETS["rss_ratio_max"]}
+                  "rss": res["rss_ratio"] <= TARGETS["rss_ratio_max"],
+                  "activation_recompute": (res["activation_recompute_ratio"]
+                                           <= TARGETS["activation_recompute_ratio_max"]),
+                  "stage_bytes": worst <= TARGETS["stage_bytes_error_max"]}
     return res
 
 
@@ -207,18 +317,46 @@ def report(res: dict) -> None:
         target = res["targets"][f"{label}_max"]
         print(f"{label:18} {res[label]:.2f} (target <= {target}): "
               f"{'met' if res['met'][key] else 'MISSED'}")
+    mb = 1e6
+    print(f"\nper stage (fullest replica), MB{'':19} {'stage 0':>9} {'stage 1':>9}")
+    for suffix, what in (("", "no recompute"), ("_recompute", "recompute")):
+        for key, label in (("measured_stage_bytes", "measured"),
+                           ("predicted_stage_bytes", "planner"),
+                           ("measured_activation_bytes", "  activations measured"),
+                           ("predicted_activation_bytes", "  activations planner")):
+            print(f"{what + ' ' + label:46} "
+                  + " ".join(f"{b / mb:9.1f}" for b in res[key + suffix]))
+        print(f"{what + ' stage bytes error':46} "
+              + " ".join(f"{e:+9.1%}" for e in res["stage_bytes_error" + suffix]))
+    target = res["targets"]["stage_bytes_error_max"]
+    print(f"stage bytes within {target:.0%} of the planner (no recompute): "
+          f"{'met' if res['met']['stage_bytes'] else 'MISSED'}")
+    target = res["targets"]["activation_recompute_ratio_max"]
+    print(f"activation peak of stage 0, recompute / without: "
+          f"{res['activation_recompute_ratio']:.2f} (target <= {target}): "
+          f"{'met' if res['met']['activation_recompute'] else 'MISSED'}")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hidden", type=int, default=1536)
-    p.add_argument("--blocks", type=int, default=12)
+    p.add_argument("--blocks", type=int, default=8)
+    p.add_argument("--quick", action="store_true", help="width 256: under a minute")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
-    if args.blocks < 8 or args.hidden < 1:
+    if args.quick:
+        args.hidden = 256
+    if args.blocks < 8:
         p.error(f"--blocks: expected >= 8 (the issue's model size), got {args.blocks}")
+    if args.hidden < HEAD_DIM or args.hidden % HEAD_DIM:
+        p.error(f"--hidden: expected a multiple of {HEAD_DIM} (the head width), got "
+                f"{args.hidden}")
     res = run(args.hidden, args.blocks)
+    res["quick"] = args.quick
     report(res)
+    if args.quick:
+        print("(--quick: at width 256 the imports dominate the RSS, so its target is for the "
+              "full size)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(res, indent=2))
