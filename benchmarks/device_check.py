@@ -38,6 +38,7 @@ from omni_memory import BigModel, make_batch  # noqa: E402
 from lightning_omni import OmniStrategy  # noqa: E402
 
 FIRST_RTOL = 0.01
+SEQ = 16  # tokens per sample of parts 2-3
 
 
 class _Losses(pl.Callback):
@@ -97,7 +98,7 @@ class _Repeat(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         for _ in range(self.n):
-            yield make_batch(self.batch)
+            yield make_batch(self.batch, SEQ)
 
 
 def check_configure_model(accelerator: str, steps: int, batch: int, hidden: int,
@@ -109,7 +110,7 @@ def check_configure_model(accelerator: str, steps: int, batch: int, hidden: int,
     model = BigModel(hidden, blocks)
     data = torch.utils.data.DataLoader(_Repeat(steps + 2, batch), batch_size=None)
     rec = _fit(model, data, accelerator, "bf16-mixed", steps + 2)
-    out = _timed(rec, batch * 16)  # make_batch: 16 tokens per sample
+    out = _timed(rec, batch * SEQ)
     out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
     if cuda:
         out["cuda_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="bf16 against float64, every step's loss (the first: 0.01)")
     p.add_argument("--batch", type=int, default=8, help="samples per step in part 3")
     p.add_argument("--hidden", type=int, default=1536, help="part 2-3 model width")
-    p.add_argument("--blocks", type=int, default=12, help="part 2-3 model depth")
+    p.add_argument("--blocks", type=int, default=8, help="part 2-3 model depth (GPT layers)")
     p.add_argument("--hf-size", choices=sorted(HF_SIZES), default="siglip400m-qwen2-0.5b",
                    help="part 4 model (tiny: the CPU recipe's)")
     p.add_argument("--hf-batch", type=int, default=16, help="samples per step in part 4")
