@@ -105,3 +105,76 @@ def test_recompute_holds_fewer_bytes(ranks):
 def test_arguments_are_booleans(arg):
     with pytest.raises(TypeError, match=f"{arg}: expected True or False, got 1"):
         OmniStrategy(**{arg: 1})
+
+
+# -- the mechanism on one process ----------------------------------------------------------------
+def _siglip(dropout: float = 0.0) -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.SiglipVisionConfig(
+        image_size=8, patch_size=4, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+        intermediate_size=32, attention_dropout=dropout, vision_use_head=False)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return transformers.SiglipVisionModel(config).double().train()
+
+
+class _Tower(torch.nn.Module):
+    """A projector around a Hugging Face tower, like ``LlavaImageEncoder``."""
+
+    def __init__(self, tower: torch.nn.Module) -> None:
+        super().__init__()
+        self.vision_tower, self.projector = tower, torch.nn.Linear(16, 8).double()
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.projector(self.vision_tower(pixels).last_hidden_state)
+
+
+def test_encoder_layers_rule():
+    from omni_models import Encoder
+
+    from lightning_omni.runtime.recompute import encoder_layers
+    from lightning_omni.runtime.token_encoder import TokenEncoder
+
+    token = TokenEncoder(4, 8, 2, 3)
+    assert encoder_layers(token) == list(token.blocks)
+    tower = _Tower(_siglip())
+    layers = encoder_layers(tower)  # its nested ``encoder.layers``, whatever the nesting
+    assert [type(m).__name__ for m in layers] == ["SiglipEncoderLayer"] * 3
+    assert encoder_layers(Encoder(4, 8, 16)) is None  # no layer list: the whole call
+
+
+def test_checkpointed_replays_hf_layers_and_leaves_them_as_they_were():
+    """Per-layer recompute of a Hugging Face tower with attention dropout: the same gradients
+    under the same seed, fewer saved bytes, each layer's hooks run once, and afterwards no
+    trace on the modules (also when the forward raises)."""
+    from lightning_omni.runtime.memory import SavedTensorMeter
+    from lightning_omni.runtime.recompute import checkpointed, encoder_layers
+
+    tower = _Tower(_siglip(dropout=0.3))
+    layers = encoder_layers(tower)
+    calls = []
+    for layer in layers:
+        layer.register_forward_hook(lambda *_: calls.append(1))
+    pixels = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    params = list(tower.parameters())
+    out = {}
+    for rec in (False, True):
+        meter = SavedTensorMeter(params)
+        torch.manual_seed(3)
+        with meter.hooks(), (checkpointed(layers) if rec else torch.enable_grad()):
+            loss = tower(pixels).square().sum()
+        loss.backward()
+        out[rec] = ([p.grad.clone() for p in params], meter.peak, len(calls))
+        tower.zero_grad()
+        calls.clear()
+    for a, b in zip(out[False][0], out[True][0], strict=True):
+        torch.testing.assert_close(b, a, rtol=RTOL, atol=ATOL)
+    assert out[True][1] < 0.6 * out[False][1]
+    assert out[False][2] == out[True][2] == len(layers)
+    assert all("forward" not in layer.__dict__ for layer in layers)
+    with torch.no_grad():  # the dropout is active: another seed, another output
+        torch.manual_seed(4)
+        assert float(tower(pixels).square().sum()) != pytest.approx(float(loss))
+    with pytest.raises(RuntimeError, match="channels"), checkpointed(layers):
+        tower(torch.randn(2, 5, 8, 8, dtype=torch.float64))
+    assert all("forward" not in layer.__dict__ for layer in layers)
