@@ -178,3 +178,40 @@ def test_checkpointed_replays_hf_layers_and_leaves_them_as_they_were():
     with pytest.raises(RuntimeError, match="channels"), checkpointed(layers):
         tower(torch.randn(2, 5, 8, 8, dtype=torch.float64))
     assert all("forward" not in layer.__dict__ for layer in layers)
+
+
+def test_recomputation_runs_under_the_forward_precision_context():
+    """A layer that creates tensors in the default dtype (as under ``precision="64-true"``):
+    recomputed outside the forward's context its saved tensors would change dtype."""
+    from contextlib import contextmanager
+
+    from torch.utils.checkpoint import CheckpointError
+
+    from lightning_omni.runtime.recompute import checkpointed
+
+    class Scale(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * torch.linspace(1, 2, x.shape[-1])  # the default dtype
+
+    @contextmanager
+    def float64():
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(old)
+
+    layer = Scale()
+    for context, ok in ((float64, True), (None, False)):
+        x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+        with float64(), checkpointed([layer], *([context] if context else [])):
+            y = layer(x).sin().sum()
+        if ok:
+            y.backward()
+            torch.testing.assert_close(x.grad, torch.cos(x * torch.linspace(1, 2, 4,
+                                                        dtype=torch.float64))
+                                       * torch.linspace(1, 2, 4, dtype=torch.float64))
+        else:
+            with pytest.raises(CheckpointError):
+                y.backward()
