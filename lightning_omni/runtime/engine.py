@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_omnilab.validate import one_of, positive_int
+from lightning_omnilab.validate import fail, one_of, positive_int
 
+from ..plan.interleaved import first_microbatches, interleave
 from ..plan.lssp_schedule import (
     GroupedPlan,
     GroupOptions,
@@ -46,10 +47,21 @@ from .layout import Layout
 SCHEDULES = ("encoder_first_stage", "uniform_insertion")
 
 
+def check_grouped_chunks(vpp: int, grouped: bool) -> None:
+    """Refuse model chunks with LSSP / grouped reordering: their grouped encoder plan
+    (``plan.lssp_schedule``) is built for one model chunk per rank."""
+    if grouped and vpp != 1:
+        fail("virtual_pipeline_parallel", "1 with lssp=True or reorder=True (the grouped encoder "
+             "plan of LSSP and grouped reordering runs one model chunk per rank; use "
+             "lssp=False and reorder=False for an interleaved pipeline)", vpp)
+
+
 @lru_cache(maxsize=64)
-def build_plan(schedule: str, pp: int, costs: tuple) -> Schedule:
+def build_plan(schedule: str, pp: int, costs: tuple, vpp: int = 1) -> Schedule:
     """The step's plan for all replicas. ``costs[d][m][i]``: encoder cost of sample i of
-    microbatch m in replica d (0: no encoder input)."""
+    microbatch m in replica d (0: no encoder input). ``vpp`` model chunks per rank: the same
+    encoder placement, re-threaded into the interleaved order (``plan.interleaved``), as the
+    planner prices it."""
     one_of("schedule", schedule, SCHEDULES)
     reps = []
     for rep_costs in costs:
@@ -59,18 +71,24 @@ def build_plan(schedule: str, pp: int, costs: tuple) -> Schedule:
             # drain microbatches too (fewer encoder backwards left after the last B)
             samples, shares = assign_encoder_samples(rep_costs, pp,
                                                      skip_stage0_drain=False)
-            reps.append(uniform_insertion(pp, n, shares, samples=samples,
-                                          inline_stage0=True))
+            base = uniform_insertion(pp, n, shares, samples=samples, inline_stage0=True)
         else:
             own = [tuple(i for i, c in enumerate(row) if c > 0) for row in rep_costs]
-            reps.append(encoder_first_stage(pp, n, samples=own))
+            base = encoder_first_stage(pp, n, samples=own)
+        reps.append(interleave(base, vpp))
     return with_completion_points(for_replicas(reps))
 
 
 @lru_cache(maxsize=64)
-def build_forward_plan(schedule: str, pp: int, costs: tuple) -> Schedule:
-    """``build_plan`` without its backward half (evaluation and prediction)."""
-    return forward_only(build_plan(schedule, pp, costs))
+def build_forward_plan(schedule: str, pp: int, costs: tuple, vpp: int = 1) -> Schedule:
+    """``build_plan`` without its backward half (evaluation and prediction). With ``vpp > 1``
+    a microbatch count that is no multiple of ``pp`` (a short evaluation batch) is planned
+    as the next multiple, the extra microbatches empty and then dropped."""
+    n = len(costs[0])
+    if vpp == 1 or n % pp == 0:
+        return forward_only(build_plan(schedule, pp, costs, vpp))
+    padded = tuple(rep + ((0.0,) * len(rep[0]),) * (-n % pp) for rep in costs)
+    return first_microbatches(forward_only(build_plan(schedule, pp, padded, vpp)), n)
 
 
 @dataclass
@@ -93,6 +111,7 @@ class OmniEngine:
                  ulysses_backend: str = "auto") -> None:
         one_of("schedule", schedule, SCHEDULES)
         positive_int("num_microbatches", num_microbatches)
+        check_grouped_chunks(layout.vpp, group_options is not None)
         self.spec, self.layout, self.schedule = spec, layout, schedule
         self.num_microbatches, self.timeout, self.device = num_microbatches, timeout, device
         self.hosting: Hosting = param_hosting(spec, layout, schedule)
@@ -299,7 +318,7 @@ class OmniEngine:
         else:
             costs = tuple(self._gather(self.sample_costs(mbs)))
             build = build_plan if mode == StepMode.TRAIN else build_forward_plan
-            plan = build(self.schedule, self.layout.pp, costs)
+            plan = build(self.schedule, self.layout.pp, costs, self.layout.vpp)
         record = self.executor.run(plan, mbs, grouped, mode,
                                    forward_context)
         if mode == StepMode.PREDICT:
