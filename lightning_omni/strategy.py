@@ -308,17 +308,19 @@ class OmniStrategy(DDPStrategy):
         engine.elsewhere = self._elsewhere
         module.__dict__["_omni_engine"] = (key, engine)
         if layout.rank == 0:  # the same on every rank: said once per run
+            per = "stage" if layout.vpp == 1 else \
+                f"virtual stage ({layout.vpp} model chunks per stage)"
             log.info("OmniStrategy layout: world size %d = pipeline_parallel %d x "
-                     "data_parallel %d, %d model chunk(s) per stage; LLM blocks per (virtual) "
-                     "stage %s; schedule %r, %d microbatches "
+                     "data_parallel %d; LLM blocks per %s %s; schedule %r, %d microbatches "
                      "per replica; lssp=%s, reorder=%s, zero_stage=%d, meta build materialized "
                      "per stage: %s",
-                     layout.world_size, layout.pp, layout.dp, layout.vpp,
+                     layout.world_size, layout.pp, layout.dp, per,
                      [hi - lo for lo, hi in layout.block_bounds], self.schedule,
                      self.num_microbatches, self.lssp, self.reorder, self.zero_stage,
                      self._built_here)
         log.debug("rank %d: stage %d, replica %d, LLM blocks %s", layout.rank, layout.stage,
-                  layout.replica, layout.chunk_bounds(layout.stage))
+                  layout.replica, layout.block_bounds[layout.stage] if layout.vpp == 1
+                  else layout.chunk_bounds(layout.stage))
         return engine
 
     def _group_options(self) -> GroupOptions | None:
