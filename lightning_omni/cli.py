@@ -31,8 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="print the table only")
     p.add_argument("--runnable-only", action="store_true",
                    help="search only layouts OmniStrategy can launch today (TP1, no "
-                        "recompute, encoders on the LLM's ranks, interleaving without LSSP "
-                        "or reordering)")
+                        "recompute, encoders on the LLM's ranks)")
     return p
 
 
@@ -62,8 +61,7 @@ def _runnable_only(request: PlanRequest) -> PlanRequest:
     if not systems:
         raise ValueError("systems: expected one OmniStrategy can run (megatron or omni with "
                          f"multiplexing) for --runnable-only, got {list(request.systems)}")
-    return dataclasses.replace(request, systems=tuple(systems),
-                               grid=runnable_grid(request.grid, request.scenarios[0][1]))
+    return dataclasses.replace(request, systems=tuple(systems), grid=runnable_grid(request.grid))
 
 
 def _launch_note(system: str, config, scenario) -> tuple[str, dict]:

@@ -34,7 +34,7 @@ from .checks import check_module, check_precision, check_trainer
 from .plan.interleaved import check_interleaving
 from .plan.lssp_schedule import GroupOptions
 from .runtime import checkpoint as ckpt
-from .runtime.engine import SCHEDULES, OmniEngine, StepResult, check_grouped_chunks
+from .runtime.engine import SCHEDULES, OmniEngine, StepResult
 from .runtime.executor import StepMode
 from .runtime.hosting import param_hosting
 from .runtime.layout import make_layout
@@ -84,8 +84,7 @@ class OmniStrategy(DDPStrategy):
         virtual_pipeline_parallel: model chunks per pipeline stage (an interleaved pipeline,
             Megatron-LM's interleaved 1F1B; docs/omni/runtime.md). Above 1 it needs
             pipeline_parallel >= 2, num_microbatches a multiple of pipeline_parallel, at
-            least pipeline_parallel * virtual_pipeline_parallel blocks, and lssp=False,
-            reorder=False.
+            least pipeline_parallel * virtual_pipeline_parallel blocks.
     """
 
     strategy_name = "omni"
@@ -116,7 +115,6 @@ class OmniStrategy(DDPStrategy):
         positive_int("virtual_pipeline_parallel", virtual_pipeline_parallel)
         check_interleaving(pipeline_parallel, num_microbatches or 2 * pipeline_parallel,
                            virtual_pipeline_parallel, names=_INTERLEAVING_NAMES)
-        check_grouped_chunks(virtual_pipeline_parallel, lssp or reorder)
         super().__init__(timeout=timeout, **kwargs)
         self.virtual_pipeline_parallel = virtual_pipeline_parallel
         self.zero_stage = zero_stage

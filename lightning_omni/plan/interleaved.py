@@ -247,16 +247,21 @@ def first_microbatches(plan: Schedule, num_microbatches: int) -> Schedule:
     """A forward-only ``plan`` (``schedule.forward_only``) keeping only its first
     ``num_microbatches`` microbatches. An evaluation batch may not split into a multiple of
     ``num_stages`` microbatches, which the interleaved order needs: the runtime plans the next
-    multiple and drops the rest here. In a forward-only plan without collectives every block
-    (a RECV on its SEND, a WAIT on its RECV) is on an action of the same microbatch, so any
-    run of the whole plan, less the dropped microbatches' actions, is a run of the rest."""
+    multiple (the extra microbatches empty) and drops them here. In a forward-only plan whose
+    collectives each belong to one microbatch (the encoder group actions of
+    ``lssp_schedule``), every block waits on actions of the same microbatch: a RECV on its
+    SEND, a WAIT on its RECV, a collective on its group's members' matching ones (dropped on
+    every member alike). So a run of the whole plan, less the dropped microbatches' actions,
+    is a run of the rest."""
     _require(isinstance(plan, Schedule), "plan", "a Schedule", type(plan).__name__)
     positive_int("num_microbatches", num_microbatches)
     _require(num_microbatches <= plan.num_microbatches, "num_microbatches",
              f"at most the plan's {plan.num_microbatches}", num_microbatches)
-    kinds = {a.kind for prog in plan.actions for a in prog}
-    _require(not kinds & {Kind.LLM_BWD, Kind.ENC_BWD, Kind.ALLREDUCE, Kind.ALLTOALL}, "plan",
-             "a forward-only plan without collectives", sorted(map(str, kinds)))
+    bad = sorted({str(a) for prog in plan.actions for a in prog
+                  if a.kind in (Kind.LLM_BWD, Kind.ENC_BWD)
+                  or (a.kind in (Kind.ALLREDUCE, Kind.ALLTOALL) and a.microbatch < 0)})
+    _require(not bad, "plan", "a forward-only plan whose collectives each belong to one "
+             "microbatch", bad[:4])
     programs = tuple(tuple(a for a in prog if a.microbatch < num_microbatches)
                      for prog in plan.actions)
     return Schedule(plan.name, plan.num_stages, num_microbatches, plan.stage_ranks,

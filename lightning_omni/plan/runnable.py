@@ -1,11 +1,10 @@
 """From a predicted layout to a launch: which layouts OmniStrategy runs, and its arguments.
 
 The planner prices a wider space than the runtime executes (tensor parallelism,
-recomputation, a separate encoder pool, interleaved pipelines under LSSP or grouped
-reordering), because the baselines it compares against use them. This file is the one place
-that says which planned layouts the runtime can run and why the others cannot, so that
-``omni-plan`` marks its predictions and can search only the launchable ones
-(``--runnable-only``).
+recomputation, a separate encoder pool), because the baselines it compares against use them.
+This file is the one place that says which planned layouts the runtime can run and
+why the others cannot, so that ``omni-plan`` marks its predictions and can search only the
+launchable ones (``--runnable-only``).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
     if cfg.tp > 1 or cfg.encoder_tp > 1:
         why.append("tensor parallelism: OmniStrategy has pipeline and data parallelism only")
     if cfg.vpp > 1:
-        why += _interleaving_limits(system, cfg, scenario)
+        why += _interleaving_limits(cfg, scenario)
     if cfg.recompute or cfg.encoder_recompute:
         why.append("activation recomputation: not offered by OmniStrategy (wrap the module's "
                    "blocks in torch.utils.checkpoint instead; the plan does not price that)")
@@ -82,19 +81,10 @@ def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
     return Launch(True, (), kwargs)
 
 
-def _grouped(system: str, scenario: Scenario) -> bool:
-    """Whether the launch turns on LSSP or grouped reordering (their grouped encoder plan)."""
-    off = set(scenario.omni_off)
-    return system == "omni" and not {"lssp", "reorder"} <= off
-
-
-def _interleaving_limits(system: str, cfg: ParallelConfig, scenario: Scenario) -> list[str]:
-    """Why OmniStrategy cannot run this interleaved (VPP) layout (empty: it can)."""
+def _interleaving_limits(cfg: ParallelConfig, scenario: Scenario) -> list[str]:
+    """Why OmniStrategy cannot run this interleaved (VPP) layout (empty: it can; the
+    planner's own rules, ``pricing._check_config``, already demand both)."""
     why = []
-    if _grouped(system, scenario):
-        why.append("an interleaved pipeline (VPP) with LSSP or grouped reordering: their grouped "
-                   "encoder plan runs one model chunk per rank (omni_off: [lssp, reorder] "
-                   "interleaves)")
     if scenario.llm.layers < cfg.pp * cfg.vpp:
         why.append("a virtual stage without LLM layers: every model chunk hosts at least one "
                    "block")
@@ -109,18 +99,14 @@ def runnable_systems(systems: tuple[str, ...] | list[str], scenario: Scenario) -
     return [s for s in systems if not _pooled(s, scenario)]
 
 
-def runnable_grid(grid: Grid, scenario: Scenario | None = None) -> Grid:
+def runnable_grid(grid: Grid) -> Grid:
     """``grid`` narrowed to what OmniStrategy runs: TP1, no recompute, every stage with LLM
-    layers, equal replicas; model chunks (VPP) only for the systems whose launch has no
-    grouped encoder plan (Megatron-like, and Omni of ``scenario`` with LSSP and reordering
-    off; without ``scenario``, Megatron-like only). Raises if nothing is left."""
+    layers, equal replicas (model chunks per rank stay a choice). Raises if nothing is
+    left."""
     narrowed = replace(grid, tp=tuple(t for t in grid.tp if t == 1),
                        recompute=tuple(r for r in grid.recompute if r == (False, False)),
                        stage0_fractions=tuple(f for f in grid.stage0_fractions if f > 0),
                        min_stage_layers=1, equal_replicas=True)
-    narrowed = replace(narrowed, vpp_systems=tuple(
-        s for s in SCHEDULE_OF_SYSTEM if (grid.vpp_systems is None or s in grid.vpp_systems)
-        and (s != "omni" or (scenario is not None and not _grouped(s, scenario)))))
     if not narrowed.tp or not narrowed.recompute or not narrowed.stage0_fractions:
         raise ValueError(f"grid: expected tp 1, recompute (False, False) and a stage-0 fraction "
                          f"> 0 among the choices for --runnable-only, got {grid}")

@@ -38,9 +38,6 @@ class Grid:
     # stage, and a DP degree that divides the global batch (equal microbatches per replica)
     min_stage_layers: int = 0
     equal_replicas: bool = False
-    # the systems whose layouts may interleave (None: all); a runtime may interleave some
-    # systems' plans only (``runnable.runnable_grid``)
-    vpp_systems: tuple[str, ...] | None = None
 
 
 DEFAULT_GRID = Grid()
@@ -104,9 +101,6 @@ def candidate_configs(system: str, scenario: Scenario,
                     if min(_stage_layers(scenario.llm.layers, pp, cut)) < grid.min_stage_layers:
                         continue
                     for v in vpp_choices(scenario, pp, dp, cut, grid):
-                        if v > 1 and grid.vpp_systems is not None and \
-                                system not in grid.vpp_systems:
-                            continue
                         if pooled:
                             for etp in enc_tps:
                                 if etp <= pool and pool % etp == 0:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_omnilab.validate import fail, one_of, positive_int
+from lightning_omnilab.validate import one_of, positive_int
 
 from ..plan.interleaved import first_microbatches, interleave
 from ..plan.lssp_schedule import (
@@ -47,15 +47,6 @@ from .layout import Layout
 SCHEDULES = ("encoder_first_stage", "uniform_insertion")
 
 
-def check_grouped_chunks(vpp: int, grouped: bool) -> None:
-    """Refuse model chunks with LSSP / grouped reordering: their grouped encoder plan
-    (``plan.lssp_schedule``) is built for one model chunk per rank."""
-    if grouped and vpp != 1:
-        fail("virtual_pipeline_parallel", "1 with lssp=True or reorder=True (the grouped encoder "
-             "plan of LSSP and grouped reordering runs one model chunk per rank; use "
-             "lssp=False and reorder=False for an interleaved pipeline)", vpp)
-
-
 @lru_cache(maxsize=64)
 def build_plan(schedule: str, pp: int, costs: tuple, vpp: int = 1) -> Schedule:
     """The step's plan for all replicas. ``costs[d][m][i]``: encoder cost of sample i of
@@ -81,14 +72,17 @@ def build_plan(schedule: str, pp: int, costs: tuple, vpp: int = 1) -> Schedule:
 
 @lru_cache(maxsize=64)
 def build_forward_plan(schedule: str, pp: int, costs: tuple, vpp: int = 1) -> Schedule:
-    """``build_plan`` without its backward half (evaluation and prediction). With ``vpp > 1``
-    a microbatch count that is no multiple of ``pp`` (a short evaluation batch) is planned
-    as the next multiple, the extra microbatches empty and then dropped."""
-    n = len(costs[0])
-    if vpp == 1 or n % pp == 0:
-        return forward_only(build_plan(schedule, pp, costs, vpp))
-    padded = tuple(rep + ((0.0,) * len(rep[0]),) * (-n % pp) for rep in costs)
-    return first_microbatches(forward_only(build_plan(schedule, pp, padded, vpp)), n)
+    """``build_plan`` without its backward half (evaluation and prediction)."""
+    return forward_only(build_plan(schedule, pp, costs, vpp))
+
+
+def _with_empty(per_replica: tuple, extra: int) -> tuple:
+    """Each replica's per-microbatch metadata with ``extra`` microbatches of zeros (no
+    encoder input) of the same shape appended."""
+    def zeros(x):
+        return tuple(zeros(y) for y in x) if isinstance(x, tuple) else type(x)(0)
+
+    return tuple(rep + (zeros(rep[0]),) * extra for rep in per_replica)
 
 
 @dataclass
@@ -111,7 +105,6 @@ class OmniEngine:
                  ulysses_backend: str = "auto") -> None:
         one_of("schedule", schedule, SCHEDULES)
         positive_int("num_microbatches", num_microbatches)
-        check_grouped_chunks(layout.vpp, group_options is not None)
         self.spec, self.layout, self.schedule = spec, layout, schedule
         self.num_microbatches, self.timeout, self.device = num_microbatches, timeout, device
         self.hosting: Hosting = param_hosting(spec, layout, schedule)
@@ -308,23 +301,34 @@ class OmniEngine:
             for p in self.executor.owned_params():
                 p.grad = None
         mbs = self._microbatches(batch, mode)
-        grouped = None
-        if self.group_options is not None:
-            lengths = tuple(self._gather(self.sample_lengths(mbs)))
-            names = tuple(m.name for m in self.spec.modalities)
-            grouped = build_grouped_plan(self.schedule, self.layout.pp, lengths,
-                                         self.group_options, names)
-            plan = grouped.schedule if mode == StepMode.TRAIN else forward_only(grouped.schedule)
-        else:
-            costs = tuple(self._gather(self.sample_costs(mbs)))
-            build = build_plan if mode == StepMode.TRAIN else build_forward_plan
-            plan = build(self.schedule, self.layout.pp, costs, self.layout.vpp)
+        plan, grouped = self._plan(mbs, mode)
         record = self.executor.run(plan, mbs, grouped, mode,
                                    forward_context)
         if mode == StepMode.PREDICT:
             return StepResult(torch.zeros((), dtype=torch.float64), record, plan, 0, grouped,
                               outputs=self._replica_outputs(batch))
         return self._finish(batch, record, plan, grouped, mode)
+
+    def _plan(self, mbs: list[dict[str, Tensor]], mode: StepMode
+              ) -> tuple[Schedule, GroupedPlan | None]:
+        """The step's plan (and its encoder group work, if any). With model chunks, an
+        evaluation count of microbatches that is no multiple of ``pp`` (a short batch; the
+        interleaved order runs them in groups of ``pp``) is planned with empty microbatches
+        up to the next multiple, dropped again by ``first_microbatches``."""
+        lay, n = self.layout, len(mbs)
+        extra = -n % lay.pp if lay.vpp > 1 else 0
+        grouped = None
+        if self.group_options is not None:
+            lengths = _with_empty(tuple(self._gather(self.sample_lengths(mbs))), extra)
+            names = tuple(m.name for m in self.spec.modalities)
+            grouped = build_grouped_plan(self.schedule, lay.pp, lengths, self.group_options,
+                                         names, lay.vpp)
+            plan = grouped.schedule if mode == StepMode.TRAIN else forward_only(grouped.schedule)
+        else:
+            costs = _with_empty(tuple(self._gather(self.sample_costs(mbs))), extra)
+            build = build_plan if mode == StepMode.TRAIN else build_forward_plan
+            plan = build(self.schedule, lay.pp, costs, lay.vpp)
+        return (first_microbatches(plan, n) if extra else plan), grouped
 
     def _replica_outputs(self, batch: dict[str, Tensor]) -> Tensor:
         """The head's output for this replica's batch, on every stage of the replica (the

@@ -43,8 +43,6 @@ def test_runnable_layouts_map_to_strategy_arguments():
 @pytest.mark.parametrize("system, cfg, sc, words", [
     ("omni", ParallelConfig(2, 2, 2), _scenario(), "tensor parallelism"),
     ("omni", ParallelConfig(1, 2, 4, encoder_tp=2), _scenario(), "tensor parallelism"),
-    ("omni", ParallelConfig(1, 2, 4, vpp=2), _scenario(), "interleaved pipeline (VPP) with LSSP"),
-    ("omni", ParallelConfig(1, 2, 4, vpp=2), _scenario(off=("lssp",)), "grouped reordering"),
     ("megatron", ParallelConfig(1, 4, 2, vpp=2), _scenario(global_batch=6),
      "no multiple of pp"),
     ("megatron", ParallelConfig(1, 4, 2, vpp=4), _scenario(), "virtual stage without"),
@@ -64,19 +62,14 @@ def test_each_unsupported_dimension_is_named(system, cfg, sc, words):
 
 
 def test_interleaved_layouts_launch_with_their_chunks():
-    """VPP runs where no grouped encoder plan is needed: Megatron-like, and Omni with LSSP
-    and grouped reordering off."""
-    for system, sc in (("megatron", _scenario()),
-                       ("omni", _scenario(off=("lssp", "reorder")))):
-        verdict = launch(system, ParallelConfig(1, 2, 4, vpp=2), sc)
-        assert verdict.runnable and verdict.why_not == ()
-        assert verdict.strategy_kwargs["virtual_pipeline_parallel"] == 2
-        assert not verdict.strategy_kwargs["lssp"] and not verdict.strategy_kwargs["reorder"]
     from lightning_omni import OmniStrategy
 
-    strategy = OmniStrategy(**launch("megatron", ParallelConfig(1, 2, 4, vpp=2),
-                                     _scenario()).strategy_kwargs)
-    assert strategy.virtual_pipeline_parallel == 2 and strategy.num_microbatches == 2
+    for system in ("megatron", "omni"):  # Omni's with LSSP and grouped reordering on
+        verdict = launch(system, ParallelConfig(1, 2, 4, vpp=2), _scenario())
+        assert verdict.runnable and verdict.why_not == ()
+        assert verdict.strategy_kwargs["virtual_pipeline_parallel"] == 2
+        strategy = OmniStrategy(**verdict.strategy_kwargs)
+        assert strategy.virtual_pipeline_parallel == 2 and strategy.num_microbatches == 2
     assert "virtual_pipeline_parallel" not in launch("megatron", ParallelConfig(1, 2, 4),
                                                      _scenario()).strategy_kwargs
 
@@ -84,20 +77,15 @@ def test_interleaved_layouts_launch_with_their_chunks():
 def test_runnable_grid_yields_only_runnable_layouts():
     grid = runnable_grid(DEFAULT_GRID)
     assert grid.tp == (1,) and grid.recompute == ((False, False),)
-    # model chunks stay a choice, for the systems that launch them
-    assert grid.vpp == DEFAULT_GRID.vpp and grid.vpp_systems == ("megatron",)
-    off = ("lssp", "reorder")
-    assert runnable_grid(DEFAULT_GRID, _scenario(off=off)).vpp_systems == ("megatron", "omni")
+    assert grid.vpp == DEFAULT_GRID.vpp  # model chunks per rank stay a choice
     interleaved = set()
-    # PP8 of 8 layers; DP8 of 12; Omni without its grouped encoder plan
-    for sc in (_scenario(), _scenario(global_batch=12), _scenario(off=off)):
-        grid = runnable_grid(DEFAULT_GRID, sc)
+    for sc in (_scenario(), _scenario(global_batch=12)):  # PP8 of 8 layers; DP8 of 12
         for system in runnable_systems(("megatron", "disaggregated", "omni"), sc):
             configs = candidate_configs(system, sc, grid=grid)
             assert configs, system
             assert all(launch(system, c, sc).runnable for c in configs), system
-            interleaved |= {(system, sc.omni_off) for c in configs if c.vpp > 1}
-    assert interleaved == {("megatron", ()), ("megatron", off), ("omni", off)}
+            interleaved |= {system for c in configs if c.vpp > 1}
+    assert interleaved == {"megatron", "omni"}
     sc = _scenario()
     # the full grid has layouts the runtime cannot run
     assert not all(launch("omni", c, sc).runnable for c in candidate_configs("omni", sc))

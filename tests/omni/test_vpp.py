@@ -26,15 +26,21 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_omni import OmniStrategy
 from lightning_omni.plan.interleaved import first_microbatches
+from lightning_omni.plan.lssp_schedule import GroupOptions, build_grouped_plan
 from lightning_omni.plan.messages import check_schedule
-from lightning_omni.plan.schedule import Kind, assign_encoder_samples, uniform_insertion
+from lightning_omni.plan.schedule import (
+    Kind,
+    assign_encoder_samples,
+    forward_only,
+    uniform_insertion,
+)
 from lightning_omni.runtime import checkpoint as ckpt
-from lightning_omni.runtime.engine import build_forward_plan, build_plan
+from lightning_omni.runtime.engine import _with_empty, build_forward_plan, build_plan
 from lightning_omni.runtime.hosting import param_hosting, stage_modules
 from lightning_omni.runtime.layout import make_layout
 
 SCHEDULES = ["encoder_first_stage", "uniform_insertion"]
-STEPS, BATCH, SAMPLES = 6, 16, 48  # two epochs of three steps; the checkpoint ends the first
+STEPS, BATCH, SAMPLES = 4, 16, 32  # two epochs of two steps; the checkpoint ends the first
 VAL_SAMPLES, VAL_BATCH = 14, 6  # per replica: batches of 3 and 1 microbatches (not 2k)
 RTOL, ATOL = 1e-7, 1e-12
 MICRO = 4
@@ -85,8 +91,10 @@ def test_runtime_plans_interleave_and_run(schedule, pp, dp, n):
         for kind in (Kind.LLM_FWD, Kind.LLM_BWD):
             done = sorted((a.microbatch, a.stage) for a in prog if a.kind == kind)
             assert done == sorted((m, c * pp + rank % pp) for m in range(n) for c in range(2))
-    for short in range(1, n):
-        fwd = build_forward_plan(schedule, pp, _costs(dp, short), 2)
+    for short in range(1, n):  # the engine's plan of a short evaluation batch
+        extra = -short % pp
+        fwd = build_forward_plan(schedule, pp, _with_empty(_costs(dp, short), extra), 2)
+        fwd = first_microbatches(fwd, short) if extra else fwd
         check_schedule(fwd)
         assert {a.microbatch for prog in fwd.actions for a in prog if a.microbatch >= 0} == \
             set(range(short))
@@ -111,6 +119,35 @@ def test_uniform_insertion_keeps_the_planners_encoder_placement():
     assert [core(p) for p in ran.actions] == [core(p) for p in planned.actions]
     with pytest.raises(ValueError, match="a forward-only plan"):
         first_microbatches(ran, 2)
+    with pytest.raises(ValueError, match="num_microbatches: expected at most the plan's 4"):
+        first_microbatches(forward_only(ran), 5)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("pp,dp", [(2, 2), (3, 2), (2, 4)])
+def test_grouped_plans_interleave_and_run(schedule, pp, dp):
+    """LSSP and grouped reordering: the encoder group actions join the interleaved order;
+    members of a group still meet every group collective in the same order."""
+    lengths = tuple(tuple(tuple(((d + m + i) % 4 * 3, (m * i) % 3 * 2) for i in range(3))
+                          for m in range(2 * pp)) for d in range(dp))
+    locality = tuple((r // pp) // 2 for r in range(pp * dp))  # two replicas per group
+    opts = GroupOptions(True, True, locality, (4, 2), 1.0, 0.01, 5.0, in_row_bytes=(8, 4),
+                        out_row_bytes=16, sp_row_bytes=(64, 64))
+    plan = build_grouped_plan(schedule, pp, lengths, opts, (), 2)
+    check_schedule(plan.schedule)
+    assert plan.schedule.num_chunks == 2
+    for w in plan.works:
+        seqs = [[(a.kind, a.microbatch, a.payload) for a in plan.schedule.actions[r]
+                 if a.group and set(a.group) <= set(w.members)] for r in w.members]
+        assert all(seq == seqs[0] for seq in seqs)
+    assert any(len(w.members) > 1 for w in plan.works)
+    # a short evaluation batch: padded with empty microbatches, which are dropped again
+    short = tuple(rep[:pp + 1] for rep in lengths)
+    padded = build_grouped_plan(schedule, pp, _with_empty(short, pp - 1), opts, (), 2)
+    fwd = first_microbatches(forward_only(padded.schedule), pp + 1)
+    check_schedule(fwd)
+    assert any(a.kind == Kind.ALLTOALL for prog in fwd.actions for a in prog)
+    assert max(a.microbatch for prog in fwd.actions for a in prog) == pp
 
 
 def test_refusals_name_the_argument(tmp_path):
@@ -124,10 +161,6 @@ def test_refusals_name_the_argument(tmp_path):
     with pytest.raises(ValueError, match="num_microbatches: expected a multiple of "
                                          "pipeline_parallel=2"):
         OmniStrategy(pipeline_parallel=2, num_microbatches=3, virtual_pipeline_parallel=2)
-    for kw in ({"lssp": True}, {"reorder": True}):
-        with pytest.raises(ValueError, match="virtual_pipeline_parallel: expected 1 with "
-                                             "lssp=True or reorder=True"):
-            OmniStrategy(pipeline_parallel=2, virtual_pipeline_parallel=2, **kw)
     assert OmniStrategy(pipeline_parallel=2, virtual_pipeline_parallel=2).num_microbatches == 4
     # a checkpoint written with one chunk per stage does not resume with two
     ckpt.write_shard(tmp_path, 0, {})
@@ -182,8 +215,10 @@ def vpp_worker(rank: int, world: int, pp: int, dp: int, runs: list[dict[str, Any
         trainer.validate(model, _val_loader(rank, pp, dp), verbose=False)
         preds = trainer.predict(model, _val_loader(rank, pp, dp))
         hosted = s.engine.hosted_param_ids()
+        grouped = s.last_step.grouped
         out[i] = {"losses": rec.losses, "grads0": rec.grads0, "val": ev.val,
                   "preds": torch.cat(preds),
+                  "grouped": grouped.metrics() if grouped is not None else None,
                   "params": {n: p.detach().clone() for n, p in model.named_parameters()
                              if id(p) in hosted}}
     if ckpt_dir is not None:
@@ -267,11 +302,19 @@ def test_pp2_vpp2_matches_single_process(tmp_path):
         torch.testing.assert_close(p.detach(), after[n], rtol=RTOL, atol=ATOL)
 
 
-def test_pp2_vpp2_dp2_tied_meta_zero_matches_single_process():
-    """4 ranks: two replicas, the head tied to the embedding (virtual stages 0 and 3 share
-    it), the model built on the meta device and ZeRO-1 optimizer state."""
-    model_kw = {"tie": True, "lazy": True}
-    runs = [{"schedule": "uniform_insertion", "zero_stage": 1, "model": model_kw}]
+def test_pp2_vpp2_dp2_matches_single_process():
+    """4 ranks, two replicas: the head tied to the embedding (virtual stages 0 and 3 share
+    it), the model built on the meta device and ZeRO-1 optimizer state; then LSSP and grouped
+    reordering (a sequence-parallel encoder, every sample over 3 rows split over a stage's
+    data-parallel group)."""
+    tied = {"tie": True, "lazy": True}
+    runs = [{"schedule": "uniform_insertion", "zero_stage": 1, "model": tied},
+            {"lssp": True, "reorder": True, "lssp_max_rows": 3, "ulysses_backend": "torch",
+             "model": {"encoder": "token"}}]
     ranks = spawn(vpp_worker, 4, 2, 2, runs, None, timeout=240.0)
-    reference = reference_run(STEPS, BATCH, ToyData(SAMPLES), tie=True)
-    _check_run(ranks, 0, reference, 2, 2, model_kw)
+    _check_run(ranks, 0, reference_run(STEPS, BATCH, ToyData(SAMPLES), tie=True), 2, 2, tied)
+    _check_run(ranks, 1, reference_run(STEPS, BATCH, ToyData(SAMPLES), encoder="token"), 2, 2,
+               {"encoder": "token"})
+    assert ranks[0][0]["grouped"] is None
+    metrics = ranks[0][1]["grouped"]
+    assert metrics["lssp/long_samples"] >= 1 and metrics["lssp/sp_degree_max"] == 2
