@@ -31,6 +31,7 @@ from lightning_omnilab.validate import boolean, fail, one_of, positive_int, posi
 
 from . import _registration
 from .checks import check_module, check_precision, check_trainer
+from .plan.interleaved import check_interleaving
 from .plan.lssp_schedule import GroupOptions
 from .runtime import checkpoint as ckpt
 from .runtime.engine import SCHEDULES, OmniEngine, StepResult
@@ -61,7 +62,10 @@ class OmniStrategy(DDPStrategy):
         schedule: ``"uniform_insertion"`` (encoder work spread over every rank of the pipeline)
             or ``"encoder_first_stage"`` (stage 0 runs all encoder work, Megatron-like).
         num_microbatches: microbatches per replica and step (default: 2 * pipeline_parallel).
-        stage_blocks: LLM blocks per stage (default: balanced by ``OmniSpec.block_costs``).
+        stage_blocks: LLM blocks per stage (default: balanced by ``OmniSpec.block_costs``);
+            with model chunks, per virtual stage (``pipeline_parallel *
+            virtual_pipeline_parallel`` counts, chunk by chunk: virtual stage ``c * pp + s`` is
+            chunk ``c`` of stage ``s``).
         timeout: how long a message or collective may wait before the step fails.
         lssp: long samples' encoder work runs Ulysses sequence parallel over ranks of their
             stage's data-parallel group, short samples data parallel (docs/omni/lssp_reorder.md).
@@ -82,6 +86,10 @@ class OmniStrategy(DDPStrategy):
         encoder_recompute: the same for the encoders, one layer at a time where the encoder
             exposes its layers (``blocks``, ``layers``, a nested ``encoder.layers``), else
             the whole encoder call.
+        virtual_pipeline_parallel: model chunks per pipeline stage (an interleaved pipeline,
+            Megatron-LM's interleaved 1F1B; docs/omni/runtime.md). Above 1 it needs
+            pipeline_parallel >= 2, num_microbatches a multiple of pipeline_parallel, at
+            least pipeline_parallel * virtual_pipeline_parallel blocks.
     """
 
     strategy_name = "omni"
@@ -95,6 +103,7 @@ class OmniStrategy(DDPStrategy):
                  encoder_cost: tuple[float, float] = (1.0, 0.0),
                  ulysses_backend: str = "auto", zero_stage: int = 0, meta_init: bool = True,
                  recompute: bool = False, encoder_recompute: bool = False,
+                 virtual_pipeline_parallel: int = 1,
                  **kwargs: Any) -> None:
         positive_int("pipeline_parallel", pipeline_parallel)
         positive_int("data_parallel", data_parallel, none_ok=True)
@@ -111,7 +120,11 @@ class OmniStrategy(DDPStrategy):
         boolean("reorder", reorder)
         boolean("recompute", recompute)
         boolean("encoder_recompute", encoder_recompute)
+        positive_int("virtual_pipeline_parallel", virtual_pipeline_parallel)
+        check_interleaving(pipeline_parallel, num_microbatches or 2 * pipeline_parallel,
+                           virtual_pipeline_parallel, names=_INTERLEAVING_NAMES)
         super().__init__(timeout=timeout, **kwargs)
+        self.virtual_pipeline_parallel = virtual_pipeline_parallel
         self.zero_stage = zero_stage
         self.meta_init = meta_init
         self._init_recording: InitRecording | None = None
@@ -228,7 +241,8 @@ class OmniStrategy(DDPStrategy):
     def _layout(self, spec: OmniSpec):
         spec.validate(self.pipeline_parallel)
         return make_layout(self._world(), self.global_rank, self.pipeline_parallel,
-                           self.data_parallel, spec.costs_of_blocks(), self.stage_blocks)
+                           self.data_parallel, spec.costs_of_blocks(), self.stage_blocks,
+                           self.virtual_pipeline_parallel)
 
     # -- model: no wrapper; one engine per module and layout ----------------------------------
     def setup(self, trainer) -> None:
@@ -278,7 +292,8 @@ class OmniStrategy(DDPStrategy):
         """This strategy's engine; a module already split by another OmniStrategy of the same
         layout keeps that one (its other stages' parameters are gone)."""
         key = (self._world(), self.global_rank, self.pipeline_parallel, self.data_parallel,
-               self.schedule, self.num_microbatches, self.lssp, self.reorder)
+               self.schedule, self.num_microbatches, self.lssp, self.reorder,
+               self.virtual_pipeline_parallel)
         if self.engine is not None:
             return self.engine
         previous = getattr(module, "_omni_engine", None)
@@ -301,16 +316,19 @@ class OmniStrategy(DDPStrategy):
         engine.elsewhere = self._elsewhere
         module.__dict__["_omni_engine"] = (key, engine)
         if layout.rank == 0:  # the same on every rank: said once per run
+            per = "stage" if layout.vpp == 1 else \
+                f"virtual stage ({layout.vpp} model chunks per stage)"
             log.info("OmniStrategy layout: world size %d = pipeline_parallel %d x "
-                     "data_parallel %d; LLM blocks per stage %s; schedule %r, %d microbatches "
+                     "data_parallel %d; LLM blocks per %s %s; schedule %r, %d microbatches "
                      "per replica; lssp=%s, reorder=%s, zero_stage=%d, meta build materialized "
                      "per stage: %s",
-                     layout.world_size, layout.pp, layout.dp,
+                     layout.world_size, layout.pp, layout.dp, per,
                      [hi - lo for lo, hi in layout.block_bounds], self.schedule,
                      self.num_microbatches, self.lssp, self.reorder, self.zero_stage,
                      self._built_here)
         log.debug("rank %d: stage %d, replica %d, LLM blocks %s", layout.rank, layout.stage,
-                  layout.replica, layout.block_bounds[layout.stage])
+                  layout.replica, layout.block_bounds[layout.stage] if layout.vpp == 1
+                  else layout.chunk_bounds(layout.stage))
         return engine
 
     def _group_options(self) -> GroupOptions | None:
@@ -430,7 +448,7 @@ class OmniStrategy(DDPStrategy):
             ckpt.write_shard(filepath, layout.stage, checkpoint)
         self.barrier("omni_save_shards")
         if self.is_global_zero:
-            ckpt.write_marker(filepath, layout.pp)
+            ckpt.write_marker(filepath, layout.pp, layout.vpp)
         self.barrier("omni_save_marker")
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
@@ -442,6 +460,14 @@ class OmniStrategy(DDPStrategy):
                              f"stages, expected pipeline_parallel={self.pipeline_parallel}; "
                              "consolidate it (lightning_omni.runtime.checkpoint.consolidate) to "
                              "change the layout")
+        chunks = ckpt.num_chunks(checkpoint_path)
+        if chunks != self.virtual_pipeline_parallel:
+            raise ValueError(f"checkpoint {checkpoint_path}: written with {chunks} model chunks "
+                             "per stage, expected virtual_pipeline_parallel="
+                             f"{self.virtual_pipeline_parallel} (each stage's shard holds the "
+                             "blocks of its own chunks); consolidate it "
+                             "(lightning_omni.runtime.checkpoint.consolidate) to change the "
+                             "layout")
         return ckpt.read_shard(checkpoint_path, self.global_rank % self.pipeline_parallel)
 
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
@@ -460,9 +486,14 @@ class OmniStrategy(DDPStrategy):
 
 
 def _describe(key: tuple) -> str:
-    world, rank, pp, dp, schedule, micro, lssp, reorder = key
+    world, rank, pp, dp, schedule, micro, lssp, reorder, vpp = key
     return (f"rank {rank} of {world}, pipeline_parallel={pp}, data_parallel={dp}, "
-            f"schedule={schedule!r}, num_microbatches={micro}, lssp={lssp}, reorder={reorder}")
+            f"schedule={schedule!r}, num_microbatches={micro}, lssp={lssp}, reorder={reorder}, "
+            f"virtual_pipeline_parallel={vpp}")
+
+
+# OmniStrategy's names for plan.interleaved.check_interleaving's arguments
+_INTERLEAVING_NAMES = ("pipeline_parallel", "num_microbatches", "virtual_pipeline_parallel")
 
 
 class _GlobalClipping:

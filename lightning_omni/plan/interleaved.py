@@ -46,24 +46,28 @@ _LLM_MESSAGES = (Payload.ACTIVATION, Payload.GRADIENT)
 
 
 def check_interleaving(num_stages: int, num_microbatches: int, num_chunks: int,
-                       layers: int | None = None) -> None:
+                       layers: int | None = None, *,
+                       names: tuple[str, str, str] = ("num_stages", "num_microbatches",
+                                                      "num_chunks")) -> None:
     """Raise ValueError unless ``num_chunks`` model chunks per rank can run: Megatron-LM's
     interleaved schedule needs at least 2 stages, microbatches in groups of ``num_stages``
-    and (with ``layers``) an equal number of layers in every chunk."""
-    positive_int("num_chunks", num_chunks)
-    positive_int("num_stages", num_stages)
-    positive_int("num_microbatches", num_microbatches)
+    and (with ``layers``) an equal number of layers in every chunk. ``names``: what the
+    caller calls the first three arguments (the messages name them)."""
+    stages, micro, chunks = names
+    positive_int(chunks, num_chunks)
+    positive_int(stages, num_stages)
+    positive_int(micro, num_microbatches)
     if num_chunks == 1:
         return
-    _require(num_stages >= 2, "num_stages",
-             f">= 2 for {num_chunks} model chunks per rank (one stage has nothing to interleave)",
-             num_stages)
-    _require(num_microbatches % num_stages == 0, "num_microbatches",
-             f"a multiple of num_stages={num_stages} for an interleaved schedule (Megatron-LM "
-             "runs microbatches in groups of num_stages)", num_microbatches)
+    _require(num_stages >= 2, stages,
+             f">= 2 for {chunks}={num_chunks} model chunks per rank (one stage has nothing to "
+             "interleave)", num_stages)
+    _require(num_microbatches % num_stages == 0, micro,
+             f"a multiple of {stages}={num_stages} for an interleaved schedule (Megatron-LM "
+             f"runs microbatches in groups of {stages})", num_microbatches)
     if layers is not None:
         _require(layers % (num_stages * num_chunks) == 0, "layers",
-                 f"divisible by num_stages * num_chunks = {num_stages * num_chunks} (equal "
+                 f"divisible by {stages} * {chunks} = {num_stages * num_chunks} (equal "
                  "model chunks)", layers)
 
 
@@ -237,3 +241,29 @@ def build_interleaved(name: str, num_stages: int, num_microbatches: int, num_chu
     if name == "encoder_disaggregated" and kwargs.get("prefetch") is None:
         kwargs["prefetch"] = disaggregated_prefetch(num_stages, num_microbatches, num_chunks)
     return interleave(BUILDERS[name](num_stages, num_microbatches, **kwargs), num_chunks)
+
+
+def first_microbatches(plan: Schedule, num_microbatches: int) -> Schedule:
+    """A forward-only ``plan`` (``schedule.forward_only``) keeping only its first
+    ``num_microbatches`` microbatches. An evaluation batch may not split into a multiple of
+    ``num_stages`` microbatches, which the interleaved order needs: the runtime plans the next
+    multiple (the extra microbatches empty) and drops them here. In a forward-only plan whose
+    collectives each belong to one microbatch (the encoder group actions of
+    ``lssp_schedule``), every block waits on actions of the same microbatch: a RECV on its
+    SEND, a WAIT on its RECV, a collective on its group's members' matching ones (dropped on
+    every member alike). So a run of the whole plan, less the dropped microbatches' actions,
+    is a run of the rest."""
+    _require(isinstance(plan, Schedule), "plan", "a Schedule", type(plan).__name__)
+    positive_int("num_microbatches", num_microbatches)
+    _require(num_microbatches <= plan.num_microbatches, "num_microbatches",
+             f"at most the plan's {plan.num_microbatches}", num_microbatches)
+    bad = sorted({str(a) for prog in plan.actions for a in prog
+                  if a.kind in (Kind.LLM_BWD, Kind.ENC_BWD)
+                  or (a.kind in (Kind.ALLREDUCE, Kind.ALLTOALL) and a.microbatch < 0)})
+    _require(not bad, "plan", "a forward-only plan whose collectives each belong to one "
+             "microbatch", bad[:4])
+    programs = tuple(tuple(a for a in prog if a.microbatch < num_microbatches)
+                     for prog in plan.actions)
+    return Schedule(plan.name, plan.num_stages, num_microbatches, plan.stage_ranks,
+                    plan.encoder_ranks, programs, plan.llm_in_flight_bound,
+                    plan.encoder_in_flight_bound, plan.num_replicas, plan.num_chunks)

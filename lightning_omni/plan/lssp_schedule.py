@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from .costs import _require
+from .interleaved import interleave
 from .lssp import DP, MicrobatchSplit, WorkItem, sp_degrees, split_microbatch
 from .reorder import Item, plan_reorder
 from .schedule import (
@@ -309,11 +310,14 @@ def _own(samples: Sequence[int], replica: int, batch: int) -> tuple[int, ...]:
 
 @lru_cache(maxsize=64)
 def build_grouped_plan(schedule: str, pp: int, lengths: tuple, opts: GroupOptions,
-                       modality_names: tuple[str, ...] = ()) -> GroupedPlan:
+                       modality_names: tuple[str, ...] = (), vpp: int = 1) -> GroupedPlan:
     """The step's plan with encoder group actions (see the module docstring).
 
     ``lengths[d][m][i][k]``: encoder rows of modality k in sample i of microbatch m of
-    replica d (0: none); every replica has the same number of microbatches and samples."""
+    replica d (0: none); every replica has the same number of microbatches and samples.
+    ``vpp``: model chunks per rank; the template's encoder placement is re-threaded into the
+    interleaved order (``interleaved.interleave``) before the group actions join it, so every
+    member of a group meets its collectives in the same order as without chunks."""
     _require(schedule in GROUPED_SCHEDULES, "schedule", f"one of {GROUPED_SCHEDULES}", schedule)
     dp = len(lengths)
     _require(dp >= 1, "lengths", "one entry per replica", dp)
@@ -334,6 +338,7 @@ def build_grouped_plan(schedule: str, pp: int, lengths: tuple, opts: GroupOption
         samples = [[tuple(g for g, c in enumerate(row) if c > 0)] + [()] * (pp - 1)
                    for row in pooled_costs]
         template = encoder_first_stage(pp, n_mb, samples=[s[0] for s in samples])
+    template = interleave(template, vpp)
 
     works: list[GroupWork] = []
     by_key: dict[tuple[int, int], GroupWork] = {}

@@ -1,8 +1,8 @@
 """From a predicted layout to a launch: which layouts OmniStrategy runs, and its arguments.
 
-The planner prices a wider space than the runtime executes (tensor parallelism, interleaved
-pipelines, a separate encoder pool), because the baselines it compares against
-use them. This file is the one place that says which planned layouts the runtime can run and
+The planner prices a wider space than the runtime executes (tensor parallelism, a separate
+encoder pool), because the baselines it compares against use them. This file is the one place
+that says which planned layouts the runtime can run and
 why the others cannot, so that ``omni-plan`` marks its predictions and can search only the
 launchable ones (``--runnable-only``).
 """
@@ -47,7 +47,7 @@ def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
     if cfg.tp > 1 or cfg.encoder_tp > 1:
         why.append("tensor parallelism: OmniStrategy has pipeline and data parallelism only")
     if cfg.vpp > 1:
-        why.append("an interleaved pipeline (VPP): one model chunk per rank only")
+        why += _interleaving_limits(cfg, scenario)
     stage_layers = _stage_layers(scenario.llm.layers, cfg.pp, cfg.stage0_layer_fraction)
     if min(stage_layers) < 1:
         why.append("a stage without LLM layers: every stage hosts at least one block")
@@ -78,7 +78,22 @@ def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
         kwargs["recompute"] = True
     if cfg.encoder_recompute:
         kwargs["encoder_recompute"] = True
+    if cfg.vpp > 1:
+        kwargs["virtual_pipeline_parallel"] = cfg.vpp
     return Launch(True, (), kwargs)
+
+
+def _interleaving_limits(cfg: ParallelConfig, scenario: Scenario) -> list[str]:
+    """Why OmniStrategy cannot run this interleaved (VPP) layout (empty: it can; the
+    planner's own rules, ``pricing._check_config``, already demand both)."""
+    why = []
+    if scenario.llm.layers < cfg.pp * cfg.vpp:
+        why.append("a virtual stage without LLM layers: every model chunk hosts at least one "
+                   "block")
+    if scenario.global_batch % cfg.dp == 0 and (scenario.global_batch // cfg.dp) % cfg.pp:
+        why.append("an interleaved pipeline (VPP) whose microbatches per replica are no "
+                   "multiple of pp (Megatron-LM's interleaved 1F1B runs them in groups of pp)")
+    return why
 
 
 def runnable_systems(systems: tuple[str, ...] | list[str], scenario: Scenario) -> list[str]:
@@ -87,9 +102,9 @@ def runnable_systems(systems: tuple[str, ...] | list[str], scenario: Scenario) -
 
 
 def runnable_grid(grid: Grid) -> Grid:
-    """``grid`` narrowed to what OmniStrategy runs: TP1, one chunk per rank, every stage with
-    LLM layers, equal replicas (any recompute). Raises if nothing is left."""
-    narrowed = replace(grid, tp=tuple(t for t in grid.tp if t == 1), vpp=(1,),
+    """``grid`` narrowed to what OmniStrategy runs: TP1, every stage with LLM layers, equal
+    replicas (recompute and model chunks per rank stay choices). Raises if nothing is left."""
+    narrowed = replace(grid, tp=tuple(t for t in grid.tp if t == 1),
                        stage0_fractions=tuple(f for f in grid.stage0_fractions if f > 0),
                        min_stage_layers=1, equal_replicas=True)
     if not narrowed.tp or not narrowed.stage0_fractions:

@@ -1,8 +1,9 @@
 """Per-stage checkpoint shards, written atomically, and their consolidation.
 
 A checkpoint is a directory: ``stage{s}.pt`` per pipeline stage (written by replica 0's rank of
-that stage: replicas hold identical copies) and ``complete.json``, written by rank 0 last, after
-every shard is in place. Each file is written to a temporary name and renamed, so a crash leaves
+that stage: replicas hold identical copies; with model chunks, every chunk of the rank) and
+``complete.json`` (the stage and chunk counts), written by rank 0 last, after every shard is in
+place. Each file is written to a temporary name and renamed, so a crash leaves
 either the old file or the new one, and a directory without ``complete.json`` is not a
 checkpoint.
 """
@@ -36,11 +37,13 @@ def write_shard(directory: str | os.PathLike, stage: int, checkpoint: dict[str, 
     atomic_save(checkpoint, shard_path(path, stage))
 
 
-def write_marker(directory: str | os.PathLike, pp: int) -> None:
-    """Mark a complete sharded checkpoint of ``pp`` stages (the file's key stays "stages")."""
+def write_marker(directory: str | os.PathLike, pp: int, vpp: int = 1) -> None:
+    """Mark a complete sharded checkpoint of ``pp`` stages with ``vpp`` model chunks each
+    (the file's keys stay "stages" and "chunks")."""
     path = Path(directory) / MARKER
     tmp = path.with_name(f".{MARKER}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"format": "lightning_omni.stage_shards", "stages": pp}))
+    tmp.write_text(json.dumps({"format": "lightning_omni.stage_shards", "stages": pp,
+                               "chunks": vpp}))
     os.replace(tmp, path)
 
 
@@ -48,11 +51,20 @@ def is_sharded(path: str | os.PathLike) -> bool:
     return Path(path).is_dir() and (Path(path) / MARKER).exists()
 
 
-def num_stages(path: str | os.PathLike) -> int:
+def _marker(path: str | os.PathLike) -> dict[str, Any]:
     if not is_sharded(path):
         raise FileNotFoundError(f"checkpoint: {path} is not a complete Omni checkpoint "
                                 f"directory (no {MARKER}; an interrupted save?)")
-    return int(json.loads((Path(path) / MARKER).read_text())["stages"])
+    return json.loads((Path(path) / MARKER).read_text())
+
+
+def num_stages(path: str | os.PathLike) -> int:
+    return int(_marker(path)["stages"])
+
+
+def num_chunks(path: str | os.PathLike) -> int:
+    """Model chunks per stage the checkpoint was written with (1: written before chunks)."""
+    return int(_marker(path).get("chunks", 1))
 
 
 def read_shard(path: str | os.PathLike, stage: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from lightning_omnilab.validate import one_of, positive_int
 
+from ..plan.interleaved import first_microbatches, interleave
 from ..plan.lssp_schedule import (
     GroupedPlan,
     GroupOptions,
@@ -47,9 +48,11 @@ SCHEDULES = ("encoder_first_stage", "uniform_insertion")
 
 
 @lru_cache(maxsize=64)
-def build_plan(schedule: str, pp: int, costs: tuple) -> Schedule:
+def build_plan(schedule: str, pp: int, costs: tuple, vpp: int = 1) -> Schedule:
     """The step's plan for all replicas. ``costs[d][m][i]``: encoder cost of sample i of
-    microbatch m in replica d (0: no encoder input)."""
+    microbatch m in replica d (0: no encoder input). ``vpp`` model chunks per rank: the same
+    encoder placement, re-threaded into the interleaved order (``plan.interleaved``), as the
+    planner prices it."""
     one_of("schedule", schedule, SCHEDULES)
     reps = []
     for rep_costs in costs:
@@ -59,18 +62,27 @@ def build_plan(schedule: str, pp: int, costs: tuple) -> Schedule:
             # drain microbatches too (fewer encoder backwards left after the last B)
             samples, shares = assign_encoder_samples(rep_costs, pp,
                                                      skip_stage0_drain=False)
-            reps.append(uniform_insertion(pp, n, shares, samples=samples,
-                                          inline_stage0=True))
+            base = uniform_insertion(pp, n, shares, samples=samples, inline_stage0=True)
         else:
             own = [tuple(i for i, c in enumerate(row) if c > 0) for row in rep_costs]
-            reps.append(encoder_first_stage(pp, n, samples=own))
+            base = encoder_first_stage(pp, n, samples=own)
+        reps.append(interleave(base, vpp))
     return with_completion_points(for_replicas(reps))
 
 
 @lru_cache(maxsize=64)
-def build_forward_plan(schedule: str, pp: int, costs: tuple) -> Schedule:
+def build_forward_plan(schedule: str, pp: int, costs: tuple, vpp: int = 1) -> Schedule:
     """``build_plan`` without its backward half (evaluation and prediction)."""
-    return forward_only(build_plan(schedule, pp, costs))
+    return forward_only(build_plan(schedule, pp, costs, vpp))
+
+
+def _with_empty(per_replica: tuple, extra: int) -> tuple:
+    """Each replica's per-microbatch metadata with ``extra`` microbatches of zeros (no
+    encoder input) of the same shape appended."""
+    def zeros(x):
+        return tuple(zeros(y) for y in x) if isinstance(x, tuple) else type(x)(0)
+
+    return tuple(rep + (zeros(rep[0]),) * extra for rep in per_replica)
 
 
 @dataclass
@@ -298,23 +310,34 @@ class OmniEngine:
             for p in self.executor.owned_params():
                 p.grad = None
         mbs = self._microbatches(batch, mode)
-        grouped = None
-        if self.group_options is not None:
-            lengths = tuple(self._gather(self.sample_lengths(mbs)))
-            names = tuple(m.name for m in self.spec.modalities)
-            grouped = build_grouped_plan(self.schedule, self.layout.pp, lengths,
-                                         self.group_options, names)
-            plan = grouped.schedule if mode == StepMode.TRAIN else forward_only(grouped.schedule)
-        else:
-            costs = tuple(self._gather(self.sample_costs(mbs)))
-            build = build_plan if mode == StepMode.TRAIN else build_forward_plan
-            plan = build(self.schedule, self.layout.pp, costs)
+        plan, grouped = self._plan(mbs, mode)
         record = self.executor.run(plan, mbs, grouped, mode,
                                    forward_context)
         if mode == StepMode.PREDICT:
             return StepResult(torch.zeros((), dtype=torch.float64), record, plan, 0, grouped,
                               outputs=self._replica_outputs(batch))
         return self._finish(batch, record, plan, grouped, mode)
+
+    def _plan(self, mbs: list[dict[str, Tensor]], mode: StepMode
+              ) -> tuple[Schedule, GroupedPlan | None]:
+        """The step's plan (and its encoder group work, if any). With model chunks, an
+        evaluation count of microbatches that is no multiple of ``pp`` (a short batch; the
+        interleaved order runs them in groups of ``pp``) is planned with empty microbatches
+        up to the next multiple, dropped again by ``first_microbatches``."""
+        lay, n = self.layout, len(mbs)
+        extra = -n % lay.pp if lay.vpp > 1 else 0
+        grouped = None
+        if self.group_options is not None:
+            lengths = _with_empty(tuple(self._gather(self.sample_lengths(mbs))), extra)
+            names = tuple(m.name for m in self.spec.modalities)
+            grouped = build_grouped_plan(self.schedule, lay.pp, lengths, self.group_options,
+                                         names, lay.vpp)
+            plan = grouped.schedule if mode == StepMode.TRAIN else forward_only(grouped.schedule)
+        else:
+            costs = _with_empty(tuple(self._gather(self.sample_costs(mbs))), extra)
+            build = build_plan if mode == StepMode.TRAIN else build_forward_plan
+            plan = build(self.schedule, lay.pp, costs, lay.vpp)
+        return (first_microbatches(plan, n) if extra else plan), grouped
 
     def _replica_outputs(self, batch: dict[str, Tensor]) -> Tensor:
         """The head's output for this replica's batch, on every stage of the replica (the

@@ -36,7 +36,7 @@ from .layout import Layout
 from .lssp_exec import build_exec_plan, run_lssp_microbatch
 from .memory import SavedTensorMeter
 from .recompute import checkpointed, encoder_layers
-from .step_state import Posted, StepMode, StepState
+from .step_state import ChunkKey, Posted, StepMode, StepState
 
 __all__ = ["StageExecutor", "StepMode", "StepRecord", "rows_of", "split_microbatches"]
 
@@ -92,11 +92,14 @@ class StageExecutor:
         self.spec, self.layout, self.groups, self.probe = spec, layout, groups, probe
         self.hidden, self.dtype = probe.hidden, probe.feature_dtype
         self.device, self.timeout, self.hosting = device, timeout, hosting
-        lo, hi = layout.block_bounds[layout.stage]
-        self.blocks = list(spec.blocks)[lo:hi]
-        # dtypes of the activations this stage receives and sends (autocast may change them)
-        self.in_dtype = probe.block_dtypes[lo - 1] if lo > 0 else probe.feature_dtype
-        self.out_dtype = probe.block_dtypes[hi - 1]
+        # this rank's blocks, per model chunk (one chunk unless the pipeline is interleaved)
+        bounds = layout.chunk_bounds(layout.stage)
+        self.chunks = [list(spec.blocks)[lo:hi] for lo, hi in bounds]
+        self.blocks = [b for chunk in self.chunks for b in chunk]
+        # per chunk, dtypes of the activations it receives and sends (autocast may change them)
+        self.in_dtypes = [probe.block_dtypes[lo - 1] if lo > 0 else probe.feature_dtype
+                          for lo, _ in bounds]
+        self.out_dtypes = [probe.block_dtypes[hi - 1] for _, hi in bounds]
         self.owns_encoders = layout.rank in encoder_ranks
         held = hosting.held()
         # each gradient is summed by exactly one collective: the plan's all-reduce of the
@@ -348,19 +351,28 @@ class StageExecutor:
             h = scatter_features(h, tokens, mod.token_id, torch.cat(parts)[order])
         return h
 
+    def _chunk(self, a: Action) -> tuple[ChunkKey, bool, bool]:
+        """An LLM action's or message's (microbatch, chunk), and whether its virtual stage
+        (``a.stage``) is the pipeline's first or last."""
+        lay = self.layout
+        c = lay.chunk_of(a.stage)
+        return (a.microbatch, c), lay.is_first and c == 0, lay.is_last and c == lay.vpp - 1
+
     def _llm_fwd(self, a: Action) -> tuple[Tensor, Tensor] | None:
         mb = self._step.microbatches[a.microbatch]
-        if self.layout.is_first:
+        key, first, last = self._chunk(a)
+        if first:
             h = self.spec.embedding(mb[self.spec.tokens])
             h = self._assemble(a.microbatch, mb, h)
         else:
-            h = self._step.act_in.pop(a.microbatch)
-            self._step.stage_in[a.microbatch] = h
-        with self._recomputing(self.recompute, self.blocks):
-            for block in self.blocks:
+            h = self._step.act_in.pop(key)
+            self._step.stage_in[key] = h
+        blocks = self.chunks[key[1]]
+        with self._recomputing(self.recompute, blocks):
+            for block in blocks:
                 h = block(h)
-        if not self.layout.is_last:
-            self._step.stage_out[a.microbatch] = h
+        if not last:
+            self._step.stage_out[key] = h
             return None
         logits = self.spec.head(h)
         if self._step.mode == StepMode.PREDICT:
@@ -368,7 +380,7 @@ class StageExecutor:
             return None
         total, count = self.spec.loss(logits, mb)
         if self._step.mode == StepMode.TRAIN:
-            self._step.stage_out[a.microbatch] = total
+            self._step.stage_out[key] = total
         with torch.no_grad():
             for name, fn in self.spec.metrics.items():
                 value, n = fn(logits.detach(), mb)
@@ -387,19 +399,20 @@ class StageExecutor:
                 ).to(self.device)
 
     def _llm_bwd(self, a: Action) -> None:
-        out = self._step.stage_out.pop(a.microbatch)
-        if self.layout.is_last:
+        key, _, last = self._chunk(a)
+        out = self._step.stage_out.pop(key)
+        if last:
             out.backward()
         else:
-            torch.autograd.backward(out, self._step.grad_in.pop(a.microbatch))
+            torch.autograd.backward(out, self._step.grad_in.pop(key))
 
     # -- messages -------------------------------------------------------------------------
     def _payload_tensor(self, a: Action) -> Tensor:
         m = a.microbatch
         if a.payload == Payload.ACTIVATION:
-            return self._step.stage_out[m].detach()
+            return self._step.stage_out[self._chunk(a)[0]].detach()
         if a.payload == Payload.GRADIENT:
-            leaf = self._step.stage_in.pop(m)
+            leaf = self._step.stage_in.pop(self._chunk(a)[0])
             return leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         if a.payload == Payload.FEATURES:
             return self._step.enc_out[m].detach()
@@ -419,15 +432,16 @@ class StageExecutor:
         dtype the previous stage's last block returns (under autocast too), gradients in
         the dtype of the activation they belong to, features in the embedding's dtype."""
         if a.payload == Payload.ACTIVATION:
-            return self.in_dtype
+            return self.in_dtypes[self._chunk(a)[0][1]]
         if a.payload == Payload.GRADIENT:
-            return self.out_dtype
+            return self.out_dtypes[self._chunk(a)[0][1]]
         return self.dtype
 
     def _what(self, a: Action) -> str:
         way = "from" if a.kind == Kind.RECV else "to"
         kind = "recv" if a.kind == Kind.RECV else "send"
-        return f"{kind} of {a.payload} for microbatch {a.microbatch} {way} rank {a.peer}"
+        chunk = f" (model chunk channel {a.chunk})" if a.chunk else ""
+        return f"{kind} of {a.payload} for microbatch {a.microbatch}{chunk} {way} rank {a.peer}"
 
     def _post(self, group: Sequence[Action]) -> None:
         """Post these messages in this order, without tags (see the module doc)."""
@@ -447,9 +461,10 @@ class StageExecutor:
         self._wait(Posted(work, buf, a))
         m = a.microbatch
         if a.payload == Payload.ACTIVATION:
-            self._step.act_in[m] = buf.requires_grad_(self._step.mode == StepMode.TRAIN)
+            self._step.act_in[self._chunk(a)[0]] = buf.requires_grad_(
+                self._step.mode == StepMode.TRAIN)
         elif a.payload == Payload.GRADIENT:
-            self._step.grad_in[m] = buf
+            self._step.grad_in[self._chunk(a)[0]] = buf
         elif a.payload == Payload.FEATURES:
             leaf = buf.requires_grad_(self._step.mode == StepMode.TRAIN)
             self._step.remote_feat[m, a.peer] = leaf

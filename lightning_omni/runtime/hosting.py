@@ -25,10 +25,10 @@ def encoder_stages(schedule: str, pp: int) -> tuple[int, ...]:
 
 
 def stage_modules(spec: OmniSpec, layout: Layout, stage: int, encoders: bool) -> list[nn.Module]:
-    """The LLM parts of ``stage`` (embedding first, head last) and, if ``encoders``, every
-    modality's encoder."""
-    lo, hi = layout.block_bounds[stage]
-    mods: list[nn.Module] = list(spec.blocks)[lo:hi]
+    """The LLM parts of ``stage`` (embedding first, then every model chunk's blocks, head
+    last) and, if ``encoders``, every modality's encoder."""
+    blocks = list(spec.blocks)
+    mods: list[nn.Module] = [b for lo, hi in layout.chunk_bounds(stage) for b in blocks[lo:hi]]
     if stage == 0:
         mods.insert(0, spec.embedding)
     if stage == layout.pp - 1:

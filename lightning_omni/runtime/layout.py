@@ -1,9 +1,17 @@
-"""Where a rank sits: its data-parallel replica and pipeline stage, and which blocks it hosts."""
+"""Where a rank sits: its data-parallel replica and pipeline stage, and which blocks it hosts.
+
+With ``vpp`` model chunks per rank (an interleaved pipeline) the blocks are cut into
+``pp * vpp`` virtual stages; virtual stage ``k = chunk * pp + stage`` is chunk ``chunk`` of the
+ranks of ``stage`` (``plan.interleaved``), so the embedding sits on stage 0 and the head on
+stage ``pp - 1`` as without chunks.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from lightning_omnilab.validate import positive_int
 
 
 @dataclass(frozen=True)
@@ -14,7 +22,8 @@ class Layout:
     rank: int
     pp: int  # pipeline stages per replica (``OmniStrategy(pipeline_parallel=)``)
     dp: int  # data-parallel replicas (``OmniStrategy(data_parallel=)``)
-    block_bounds: tuple[tuple[int, int], ...]  # [lo, hi) per stage
+    block_bounds: tuple[tuple[int, int], ...]  # [lo, hi) per virtual stage (chunk * pp + stage)
+    vpp: int = 1  # model chunks per rank (``OmniStrategy(virtual_pipeline_parallel=)``)
 
     @property
     def stage(self) -> int:
@@ -40,27 +49,43 @@ class Layout:
         """Ranks hosting ``stage`` in every replica (its data-parallel group)."""
         return tuple(replica * self.pp + stage for replica in range(self.dp))
 
+    def chunk_bounds(self, stage: int) -> tuple[tuple[int, int], ...]:
+        """[lo, hi) of each model chunk of ``stage``, chunk by chunk."""
+        return tuple(self.block_bounds[c * self.pp + stage] for c in range(self.vpp))
+
+    def chunk_of(self, virtual_stage: int) -> int:
+        """Model chunk of a virtual stage (what a plan's LLM action names in ``stage``)."""
+        return virtual_stage // self.pp
+
 
 def make_layout(world_size: int, rank: int, pp: int, dp: int,
-                block_costs: Sequence[float], stage_blocks: Sequence[int] | None = None) -> Layout:
-    """Check the parallel sizes against the world and cut the blocks into stages."""
+                block_costs: Sequence[float], stage_blocks: Sequence[int] | None = None,
+                vpp: int = 1) -> Layout:
+    """Check the parallel sizes against the world and cut the blocks into ``pp * vpp``
+    (virtual) stages."""
     if pp < 1 or dp < 1 or pp * dp != world_size:
         raise ValueError(f"pipeline_parallel * data_parallel: expected the world size "
                          f"{world_size}, got {pp} * {dp} = {pp * dp}")
-    n = len(block_costs)
+    positive_int("virtual_pipeline_parallel", vpp)
+    n, parts = len(block_costs), pp * vpp
+    what = f"{pp}" if vpp == 1 else f"pipeline_parallel * virtual_pipeline_parallel = {parts}"
     if stage_blocks is not None:
-        if len(stage_blocks) != pp or any(b < 1 for b in stage_blocks) or \
+        if len(stage_blocks) != parts or any(b < 1 for b in stage_blocks) or \
                 sum(stage_blocks) != n:
-            raise ValueError(f"stage_blocks: expected {pp} positive counts summing to "
+            raise ValueError(f"stage_blocks: expected {what} positive counts summing to "
                              f"{n} blocks, got {list(stage_blocks)}")
         counts = list(stage_blocks)
     else:
-        counts = partition_blocks(block_costs, pp)
+        if vpp > 1 and parts > n:
+            raise ValueError(f"virtual_pipeline_parallel: expected at most {n // pp} (every "
+                             f"one of pipeline_parallel={pp} x virtual_pipeline_parallel "
+                             f"virtual stages needs one of the {n} blocks), got {vpp}")
+        counts = partition_blocks(block_costs, parts)
     bounds, lo = [], 0
     for c in counts:
         bounds.append((lo, lo + c))
         lo += c
-    return Layout(world_size, rank, pp, dp, tuple(bounds))
+    return Layout(world_size, rank, pp, dp, tuple(bounds), vpp)
 
 
 def partition_blocks(costs: Sequence[float], parts: int) -> list[int]:

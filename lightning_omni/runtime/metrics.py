@@ -29,13 +29,14 @@ def gather_timings(result: StepResult) -> list[list[tuple[Action, float, float]]
 
 def measured_costs(plan: Schedule, timings: list[list[tuple[Action, float, float]]]) -> StepCosts:
     """Simulator prices taken from measured durations of the same plan's actions."""
-    compute: dict[tuple[int, Kind, int], float] = {}
+    # by (rank, kind, microbatch, stage): an interleaved rank runs one action per model chunk
+    compute: dict[tuple[int, Kind, int, int], float] = {}
     collective: dict[tuple[int, int], float] = {}
     for rank, rows in enumerate(timings):
         n_coll = 0
         for a, t0, t1 in rows:
             if a.kind in COMPUTE_KINDS:
-                compute[rank, a.kind, a.microbatch] = t1 - t0
+                compute[rank, a.kind, a.microbatch, a.stage] = t1 - t0
             elif a.kind in (Kind.ALLREDUCE, Kind.ALLTOALL):
                 collective[rank, n_coll] = t1 - t0
                 n_coll += 1
@@ -47,7 +48,7 @@ def measured_costs(plan: Schedule, timings: list[list[tuple[Action, float, float
         counters[rank] = i + 1
         return min(collective.get((r, i), 0.0) for r in (a.group or (rank,)))
 
-    return StepCosts(lambda r, a: compute.get((r, a.kind, a.microbatch), 0.0),
+    return StepCosts(lambda r, a: compute.get((r, a.kind, a.microbatch, a.stage), 0.0),
                      lambda r, a: 0.0, coll, lambda r, a: 0.0, lambda r: 0.0, float("inf"))
 
 

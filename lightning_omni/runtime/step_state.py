@@ -17,6 +17,7 @@ from ..plan.lssp_schedule import GroupedPlan
 from ..plan.schedule import Action
 
 MessageKey = tuple[str, int, int, int]  # ``plan.schedule.message_key``: payload, mb, src, dst
+ChunkKey = tuple[int, int]  # (microbatch, model chunk): one LLM chunk's work on a microbatch
 
 
 class StepMode(str, Enum):  # noqa: UP042 - requires-python allows 3.10 (no StrEnum)
@@ -55,7 +56,8 @@ class StepState:
     feat_in: dict[int, list[tuple[tuple[int, ...], Tensor]]] = field(default_factory=dict)
     remote_feat: dict[tuple[int, int], Tensor] = field(default_factory=dict)  # (mb, src)
     feat_grad: dict[int, Tensor] = field(default_factory=dict)  # received feature gradients
-    stage_in: dict[int, Tensor] = field(default_factory=dict)  # received activation (leaf)
-    act_in: dict[int, Tensor] = field(default_factory=dict)  # ... until its forward takes it
-    stage_out: dict[int, Tensor] = field(default_factory=dict)  # output (last stage: loss)
-    grad_in: dict[int, Tensor] = field(default_factory=dict)  # received output gradient
+    # LLM chunks, by (microbatch, chunk): an interleaved rank runs several per microbatch
+    stage_in: dict[ChunkKey, Tensor] = field(default_factory=dict)  # received activation (leaf)
+    act_in: dict[ChunkKey, Tensor] = field(default_factory=dict)  # ... until its forward takes it
+    stage_out: dict[ChunkKey, Tensor] = field(default_factory=dict)  # output (last stage: loss)
+    grad_in: dict[ChunkKey, Tensor] = field(default_factory=dict)  # received output gradient

@@ -43,7 +43,9 @@ def test_runnable_layouts_map_to_strategy_arguments():
 @pytest.mark.parametrize("system, cfg, sc, words", [
     ("omni", ParallelConfig(2, 2, 2), _scenario(), "tensor parallelism"),
     ("omni", ParallelConfig(1, 2, 4, encoder_tp=2), _scenario(), "tensor parallelism"),
-    ("megatron", ParallelConfig(1, 2, 4, vpp=2), _scenario(), "interleaved"),
+    ("megatron", ParallelConfig(1, 4, 2, vpp=2), _scenario(global_batch=6),
+     "no multiple of pp"),
+    ("megatron", ParallelConfig(1, 4, 2, vpp=4), _scenario(), "virtual stage without"),
     ("megatron", ParallelConfig(1, 2, 4, stage0_layer_fraction=0.0), _scenario(),
      "without LLM layers"),
     ("omni", ParallelConfig(1, 1, 8), _scenario(global_batch=12), "does not divide"),
@@ -70,17 +72,32 @@ def test_recompute_layouts_launch_with_recompute(system):
         kw = dict(verdict.strategy_kwargs)
         assert (kw.pop("recompute", False), kw.pop("encoder_recompute", False)) == (rec, enc)
         assert kw == plain
+def test_interleaved_layouts_launch_with_their_chunks():
+    from lightning_omni import OmniStrategy
+
+    for system in ("megatron", "omni"):  # Omni's with LSSP and grouped reordering on
+        verdict = launch(system, ParallelConfig(1, 2, 4, vpp=2), _scenario())
+        assert verdict.runnable and verdict.why_not == ()
+        assert verdict.strategy_kwargs["virtual_pipeline_parallel"] == 2
+        strategy = OmniStrategy(**verdict.strategy_kwargs)
+        assert strategy.virtual_pipeline_parallel == 2 and strategy.num_microbatches == 2
+    assert "virtual_pipeline_parallel" not in launch("megatron", ParallelConfig(1, 2, 4),
+                                                     _scenario()).strategy_kwargs
 
 
 def test_runnable_grid_yields_only_runnable_layouts():
     grid = runnable_grid(DEFAULT_GRID)
-    assert grid.tp == (1,) and grid.vpp == (1,) and grid.recompute == DEFAULT_GRID.recompute
+    assert grid.tp == (1,) and grid.recompute == DEFAULT_GRID.recompute
     assert (True, True) in grid.recompute
+    assert grid.vpp == DEFAULT_GRID.vpp  # model chunks per rank stay a choice
+    interleaved = set()
     for sc in (_scenario(), _scenario(global_batch=12)):  # PP8 of 8 layers; DP8 of 12
         for system in runnable_systems(("megatron", "disaggregated", "omni"), sc):
             configs = candidate_configs(system, sc, grid=grid)
             assert configs, system
             assert all(launch(system, c, sc).runnable for c in configs), system
+            interleaved |= {system for c in configs if c.vpp > 1}
+    assert interleaved == {"megatron", "omni"}
     sc = _scenario()
     # the full grid has layouts the runtime cannot run
     assert not all(launch("omni", c, sc).runnable for c in candidate_configs("omni", sc))
