@@ -24,9 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 
 class OmniSpecError(ValueError):
@@ -59,6 +63,9 @@ class OmniSpec:
     metrics: Mapping[str, Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, Tensor]]] = \
         field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    # tensor-parallel plans by part ("embedding", "blocks": each block, "head", a modality's
+    # name: its encoder): module path -> torch ParallelStyle (see runtime.tensor_parallel)
+    tp_plan: Mapping[str, Mapping[str, ParallelStyle]] | None = None
 
     def validate(self, pipeline_parallel: int) -> None:
         """Static checks, before any data is seen."""
@@ -87,6 +94,10 @@ class OmniSpec:
         if self.block_costs is not None:
             _expect(len(self.block_costs) == len(blocks) and all(c > 0 for c in self.block_costs),
                     "block_costs", f"{len(blocks)} positive numbers", list(self.block_costs))
+        if self.tp_plan is not None:
+            from .runtime.tensor_parallel import check_tp_plan
+
+            check_tp_plan(self)
 
     def costs_of_blocks(self) -> list[float]:
         if self.block_costs is not None:
