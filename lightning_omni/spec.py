@@ -23,6 +23,7 @@ Batch conventions (a dict of tensors, all with the batch dimension first):
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -169,7 +170,8 @@ class OmniSpec:
         _expect(isinstance(logits, Tensor) and logits.shape[:2] == h.shape[:2], "head",
                 f"output [B, T, ...] with B, T = {tuple(h.shape[:2])}", _shape(logits))
         if with_loss and not run.elsewhere(self.head):
-            res = _call("loss", self.loss, logits, one)
+            with _loss_context(self):  # vocabulary-sharded logits under TP
+                res = _call("loss", self.loss, logits, one)
             _expect(isinstance(res, tuple) and len(res) == 2, "loss", "a (sum, count) pair",
                     type(res).__name__)
         return Probe(int(h.shape[-1]), feature_dtype, tuple(dtypes), tuple(logits.shape[2:]),
@@ -224,6 +226,14 @@ class _PartRunner:
         state.update({n: b.to("meta") for n, b in part.named_buffers()})
         meta = [a.to("meta") for a in args]
         return _call(name, lambda *a: torch.func.functional_call(part, state, a), *meta)
+
+
+def _loss_context(spec: OmniSpec) -> AbstractContextManager:
+    if spec.tp_plan is None:
+        return nullcontext()
+    from .runtime.tensor_parallel import loss_context
+
+    return loss_context(spec)
 
 
 def _call(name: str, part: Callable, *args: Tensor) -> object:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from omni_models import ToyData, accuracy_terms, loss_terms, make_model, spawn
+from omni_models import VOCAB, ToyData, accuracy_terms, loss_terms, make_model, spawn
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
@@ -108,6 +108,8 @@ def _toy_case(mesh, dtype: torch.dtype, encoder_mesh, **kw: Any) -> dict[str, An
         res["ref"]["acc"] = accuracy_terms(res["ref"]["outs"]["head"], _toy_batch(dtype))
         res["got"]["acc"] = accuracy_terms(tp.full_logits(logits), _toy_batch(dtype))
     res["tied"] = spec.embedding.tok.weight is spec.head.out.weight
+    # the runtime's probe runs the parallelized parts (and the loss on vocabulary shards)
+    res["probe"] = spec.check_shapes(_toy_batch(dtype)).logits_shape
     res["sharded"] = {n: isinstance(p, DTensor) for n, p in model.named_parameters()}
     # local / like: the local shard shares the DTensor's storage (the runtime's all-reduces)
     g = spec.blocks[0].qkv.weight.grad
@@ -232,6 +234,7 @@ def test_toy_parts_under_tp_match_the_plain_parts(ranks, case):
         _check_case(res, None)
         assert [int(x) for x in res["got"]["acc"]] == [int(x) for x in res["ref"]["acc"]]
         assert res["local_in_place"] and res["like"]
+        assert res["probe"] == (VOCAB,)  # the whole vocabulary
         sharded = res["sharded"]
         assert sharded["blocks.0.qkv.weight"] and sharded["head.out.bias"]
         assert not sharded["blocks.0.ln1.weight"] and not sharded["embed.pos"]
