@@ -313,14 +313,15 @@ def _block_indices(part: str, n: int) -> range:
     try:
         if ":" in inner:
             lo, hi = (int(x) for x in inner.split(":"))
-            if 0 <= lo < hi <= n:
+            if 0 <= lo <= hi <= n:  # (an empty slice: a stage without blocks)
                 return range(lo, hi)
         elif 0 <= int(inner) < n:
             return range(int(inner), int(inner) + 1)
     except ValueError:
         pass
-    raise OmniSpecError(f"parts: expected 'blocks', 'blocks[i]' or 'blocks[i:j]' with "
-                        f"0 <= i < j <= {n} (the spec's blocks), got {part!r}")
+    raise OmniSpecError(f"parts: expected 'blocks', 'blocks[i]' (0 <= i < {n}) or "
+                        f"'blocks[i:j]' (0 <= i <= j <= {n}) of the spec's {n} blocks, got "
+                        f"{part!r}")
 
 
 def _check_divisible(label: str, module: nn.Module, entries: Mapping[str, Any],
