@@ -44,8 +44,7 @@ def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
     why: list[str] = []
     if _pooled(system, scenario):
         why.append("a separate encoder pool: OmniStrategy runs the encoders on the LLM's ranks")
-    if cfg.tp > 1 or cfg.encoder_tp > 1:
-        why.append("tensor parallelism: OmniStrategy has pipeline and data parallelism only")
+    why += _tensor_parallel_refusals(system, cfg, scenario)
     if cfg.vpp > 1:
         why.append("an interleaved pipeline (VPP): one model chunk per rank only")
     if cfg.recompute or cfg.encoder_recompute:
@@ -76,7 +75,36 @@ def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
     }
     if cfg.stage0_layer_fraction != 1.0:
         kwargs["stage_blocks"] = stage_layers
+    if cfg.tp > 1:
+        kwargs["tensor_parallel"] = cfg.tp
+        kwargs["encoder_tensor_parallel"] = cfg.encoder_tp
     return Launch(True, (), kwargs)
+
+
+def _tensor_parallel_refusals(system: str, cfg: ParallelConfig, scenario: Scenario
+                              ) -> list[str]:
+    """Why OmniStrategy cannot run this layout's tensor parallelism as the plan prices it:
+    the runtime shards the encoders over the whole TP group or not at all, and TP does not
+    combine yet with ZeRO-1 (which the plan assumes whenever DP > 1) or with LSSP/reorder."""
+    tp, etp = cfg.tp, cfg.encoder_tp
+    if tp == 1 and etp == 1:
+        return []
+    if etp > tp:
+        return [f"tensor parallelism: encoder TP {etp} above the LLM's TP {tp}; OmniStrategy "
+                "shards the encoders over the LLM's TP group at most"]
+    if etp < tp:
+        return [f"tensor parallelism: encoder TP {etp} below the LLM's TP {tp}; the plan prices "
+                f"{tp // etp} encoder lanes per TP group, each encoding its own samples, while "
+                "OmniStrategy shards the encoders over the whole TP group or replicates them "
+                "(every TP rank encoding the same samples)"]
+    why = []
+    if cfg.dp > 1:
+        why.append("tensor parallelism with DP > 1: the plan shards optimizer state over DP "
+                   "(ZeRO-1), which OmniStrategy does not combine with tensor parallelism yet")
+    if system == "omni" and not {"lssp", "reorder"} <= set(scenario.omni_off):
+        why.append("tensor parallelism with LSSP / grouped reordering: encoder group work does "
+                   "not run tensor parallel yet")
+    return why
 
 
 def runnable_systems(systems: tuple[str, ...] | list[str], scenario: Scenario) -> list[str]:
@@ -86,7 +114,8 @@ def runnable_systems(systems: tuple[str, ...] | list[str], scenario: Scenario) -
 
 def runnable_grid(grid: Grid) -> Grid:
     """``grid`` narrowed to what OmniStrategy runs: TP1, one chunk per rank, no recompute,
-    every stage with LLM layers, equal replicas. Raises if nothing is left."""
+    every stage with LLM layers, equal replicas. Raises if nothing is left. (TP layouts run
+    only at DP 1 without LSSP/reorder, which a grid cannot express: ``launch`` says which.)"""
     narrowed = replace(grid, tp=tuple(t for t in grid.tp if t == 1), vpp=(1,),
                        recompute=tuple(r for r in grid.recompute if r == (False, False)),
                        stage0_fractions=tuple(f for f in grid.stage0_fractions if f > 0),

@@ -43,6 +43,8 @@ def test_runnable_layouts_map_to_strategy_arguments():
 @pytest.mark.parametrize("system, cfg, sc, words", [
     ("omni", ParallelConfig(2, 2, 2), _scenario(), "tensor parallelism"),
     ("omni", ParallelConfig(1, 2, 4, encoder_tp=2), _scenario(), "tensor parallelism"),
+    ("megatron", ParallelConfig(2, 2, 2, encoder_tp=2), _scenario(), "ZeRO-1"),
+    ("omni", ParallelConfig(2, 4, 1, encoder_tp=2), _scenario(), "LSSP"),
     ("megatron", ParallelConfig(1, 2, 4, vpp=2), _scenario(), "interleaved"),
     ("omni", ParallelConfig(1, 2, 4, recompute=True), _scenario(), "recomputation"),
     ("omni", ParallelConfig(1, 2, 4, encoder_recompute=True), _scenario(), "recomputation"),
@@ -57,6 +59,21 @@ def test_each_unsupported_dimension_is_named(system, cfg, sc, words):
     verdict = launch(system, cfg, sc)
     assert not verdict.runnable and verdict.strategy_kwargs == {}
     assert len(verdict.why_not) == 1 and words in verdict.why_not[0]
+
+
+def test_tensor_parallel_layouts_launch_where_the_runtime_runs_them():
+    """TP at the encoders' degree, one replica, no LSSP/reorder: the strategy's TP arguments."""
+    from lightning_omni import OmniStrategy
+
+    mega = launch("megatron", ParallelConfig(2, 4, 1, encoder_tp=2), _scenario())
+    assert mega.runnable, mega.why_not
+    assert (mega.strategy_kwargs["tensor_parallel"],
+            mega.strategy_kwargs["encoder_tensor_parallel"]) == (2, 2)
+    omni = launch("omni", ParallelConfig(2, 4, 1, encoder_tp=2),
+                  _scenario(off=("lssp", "reorder")))
+    assert omni.runnable and omni.strategy_kwargs["schedule"] == "uniform_insertion"
+    strategy = OmniStrategy(**omni.strategy_kwargs)
+    assert (strategy.tensor_parallel, strategy.encoder_tensor_parallel) == (2, 2)
 
 
 def test_runnable_grid_yields_only_runnable_layouts():

@@ -1,0 +1,126 @@
+"""Tensor parallelism inside each pipeline stage (DTensor over a DeviceMesh) composed with PP x DP:
+TP2 x PP2 and TP2 x DP2 fits on 4 gloo ranks equal the plain single-process run in float64
+(losses, gradients, parameters), with a tied head and gradient clipping, sharded and replicated
+encoders, a meta build, and a checkpoint that resumes at the same and at another TP degree and
+consolidates to the plain module. All runs share one spawn of 4 processes (see tp_workers)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from omni_models import spawn
+from tp_workers import make_tp_model, reference, tp_worker
+
+from lightning_omni.runtime.checkpoint import consolidate
+
+BATCH, SAMPLES = 16, 48  # three steps per epoch; every run is one epoch, resumes the second
+RTOL, ATOL = 1e-7, 1e-12
+CLIP = 0.5  # under the toy's gradient norms: clipping acts on every step
+SCHEDULES = ("encoder_first_stage", "uniform_insertion")
+PP2 = [{"name": f"pp2_{s}", "pp": 2, "dp": 1, "tp": 2, "schedule": s, "tie": True,
+        "clip": CLIP} for s in SCHEDULES]
+PP2[-1]["save"] = True
+RESUMES = [{**PP2[-1], "name": "resume_tp2", "save": False, "resume": PP2[-1]["name"]},
+           {**PP2[-1], "name": "resume_tp1_dp2", "tp": 1, "dp": 2, "save": False,
+            "resume": PP2[-1]["name"]}]
+DP2 = [{"name": "dp2_enc_tp2", "pp": 1, "dp": 2, "tp": 2, "schedule": "uniform_insertion"},
+       {"name": "dp2_enc_tp1_meta", "pp": 1, "dp": 2, "tp": 2,
+        "schedule": "encoder_first_stage", "encoder_tp": 1, "lazy": True}]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("tp_ckpt")
+    ranks = spawn(tp_worker, 4, [*PP2, *RESUMES, *DP2], BATCH, SAMPLES, str(ckpt), timeout=300)
+    return ranks, ckpt
+
+
+@pytest.fixture(scope="module")
+def tied():
+    """The plain run of the tied, clipped model after one and after two epochs."""
+    return {e: reference(e * SAMPLES // BATCH, BATCH, SAMPLES, clip=CLIP, tie=True)
+            for e in (1, 2)}
+
+
+def _f64(values):
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def _check(ranks, name, ref, names, steps=slice(0, SAMPLES // BATCH), grads=True):
+    for r in ranks:
+        torch.testing.assert_close(_f64(r[name]["losses"]), _f64(ref["losses"][steps]),
+                                   rtol=RTOL, atol=0, msg=lambda m: f"{name} losses: {m}")
+    seen = set()
+    for r in ranks:
+        for kind in ("grads0", "params") if grads else ("params",):
+            for n, t in r[name][kind].items():
+                torch.testing.assert_close(t, ref[kind][n], rtol=RTOL, atol=ATOL,
+                                           msg=lambda m, n=n, k=kind: f"{name} {k} {n}: {m}")
+                seen.add(n)
+    assert seen == names, f"{name}: not every parameter was hosted and checked"
+    # parameters that stay plain get the same gradient, bit for bit, on every TP rank
+    by_plan: dict[int, list] = {}
+    for r in ranks:
+        by_plan.setdefault(r[name]["plan_rank"], []).append(r[name]["plain0"])
+    for plan_rank, copies in by_plan.items():
+        if len(copies) < 2:
+            continue
+        assert copies[0], (name, plan_rank)
+        for n, g in copies[0].items():
+            assert torch.equal(g, copies[1][n]), f"{name}: plain {n} differs between TP ranks"
+
+
+def test_tp2_pp2_tied_head_and_clipping_match_the_plain_run(runs, tied):
+    """TP2 x PP2, both schedules: the head tied to the embedding across the stages (one
+    vocabulary-sharded weight), clipping by the global norm over every stage and TP shard."""
+    ranks, _ = runs
+    names = {n for n, _ in make_tp_model(0, tie=True).named_parameters()}
+    for run in PP2:
+        _check(ranks, run["name"], tied[1], names)
+    assert all(r[PP2[0]["name"]]["tp_rank"] == i % 2 for i, r in enumerate(ranks))
+
+
+def test_tp_checkpoint_resumes_at_two_tp_degrees_and_consolidates(runs, tied):
+    """The TP2 x PP2 checkpoint holds full tensors: resumed at TP2 x PP2 and at TP1 x PP2 x
+    DP2 the second epoch equals the uninterrupted plain run; consolidated, it loads into the
+    plain module with the plain run's values after one epoch."""
+    ranks, ckpt = runs
+    names = {n for n, _ in make_tp_model(0, tie=True).named_parameters()}
+    epoch = SAMPLES // BATCH
+    for run in RESUMES:
+        _check(ranks, run["name"], tied[2], names, steps=slice(epoch, 2 * epoch),
+               grads=False)
+    plain = make_tp_model(3, tie=True)
+    plain.load_state_dict(consolidate(Path(ckpt) / f"{PP2[-1]['name']}.ckpt"))
+    for n, p in plain.named_parameters():
+        torch.testing.assert_close(p.detach(), tied[1]["params"][n], rtol=RTOL, atol=ATOL)
+
+
+def test_tp2_dp2_sharded_replicated_encoders_and_meta_build(runs):
+    """TP2 x DP2: encoders sharded over the TP group, or replicated on it
+    (``encoder_tensor_parallel=1``) with the model built on the meta device in
+    ``configure_model`` (each rank materializes its stage, then shards it). With everything
+    sharded a rank holds about half of the model's parameter bytes."""
+    ranks, _ = runs
+    ref = reference(SAMPLES // BATCH, BATCH, SAMPLES)
+    names = {n for n, _ in make_tp_model(0).named_parameters()}
+    for run in DP2:
+        _check(ranks, run["name"], ref, names)
+    full = sum(p.numel() * p.element_size() for p in make_tp_model(0).parameters())
+    for r in ranks:
+        sharded, replicated = r[DP2[0]["name"]]["param_bytes"], r[DP2[1]["name"]]["param_bytes"]
+        assert sharded <= 0.6 * full and sharded < replicated, (sharded, replicated, full)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"tensor_parallel": 2, "zero_stage": 1}, "zero_stage=1 with tensor_parallel=2"),
+    ({"tensor_parallel": 2, "lssp": True}, "lssp=True with tensor_parallel=2"),
+    ({"tensor_parallel": 2, "reorder": True}, "reorder=True with tensor_parallel=2"),
+    ({"tensor_parallel": 4, "encoder_tensor_parallel": 2}, "encoder_tensor_parallel: expected"),
+    ({"tensor_parallel": 0}, "tensor_parallel: expected"),
+])
+def test_refused_combinations_name_their_arguments(kwargs, words):
+    from lightning_omni import OmniStrategy
+
+    with pytest.raises(ValueError, match=words):
+        OmniStrategy(**kwargs)
