@@ -208,9 +208,9 @@ class OmniEngine:
                      forward_context: Callable[[], AbstractContextManager]) -> None:
         elsewhere = self.elsewhere
         if self.tp is not None:  # parts hosted elsewhere run on meta (they may hold a tie's
-            held = {id(p) for p in self.hosting.held()}  # DTensor, see tp_stage)
-            elsewhere = {**elsewhere, **{id(p): tuple(p.shape) for p in self.hosting.params
-                                         if id(p) not in held}}
+            held = {id(p) for p in self.hosting.held()}  # DTensor, see tp_stage); a meta
+            elsewhere = {**{id(p): tuple(p.shape) for p in self.hosting.params  # build's
+                            if id(p) not in held}, **elsewhere}  # shapes are the true ones
         with forward_context():
             self.probe = self.spec.check_shapes(batch, with_loss=mode != StepMode.PREDICT,
                                                 elsewhere=elsewhere)

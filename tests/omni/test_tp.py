@@ -19,6 +19,7 @@ CLIP = 0.5  # under the toy's gradient norms: clipping acts on every step
 SCHEDULES = ("encoder_first_stage", "uniform_insertion")
 PP2 = [{"name": f"pp2_{s}", "pp": 2, "dp": 1, "tp": 2, "schedule": s, "tie": True,
         "clip": CLIP} for s in SCHEDULES]
+PP2[0]["lazy"] = True  # built in configure_model on the meta device: a stage, then shards
 PP2[-1]["save"] = True
 RESUMES = [{**PP2[-1], "name": "resume_tp2", "save": False, "resume": PP2[-1]["name"]},
            {**PP2[-1], "name": "resume_tp1_dp2", "tp": 1, "dp": 2, "save": False,
@@ -72,7 +73,8 @@ def _check(ranks, name, ref, names, steps=slice(0, SAMPLES // BATCH), grads=True
 
 def test_tp2_pp2_tied_head_and_clipping_match_the_plain_run(runs, tied):
     """TP2 x PP2, both schedules: the head tied to the embedding across the stages (one
-    vocabulary-sharded weight), clipping by the global norm over every stage and TP shard."""
+    vocabulary-sharded weight), clipping by the global norm over every stage and TP shard;
+    the first run built on the meta device in ``configure_model``."""
     ranks, _ = runs
     names = {n for n, _ in make_tp_model(0, tie=True).named_parameters()}
     for run in PP2:
