@@ -40,7 +40,7 @@ from .runtime.layout import make_layout
 from .runtime.meta_init import InitRecording, MetaInitError, RecordInit, capture_rng, materialize
 from .runtime.metrics import step_metrics
 from .runtime.splittable import splittable_heads
-from .runtime.tp_stage import full, reshard, reshard_optimizer_state
+from .runtime.tp_stage import full, full_optimizer_state, reshard, reshard_optimizer_state
 from .runtime.ulysses import BACKENDS
 from .spec import OmniSpec, get_spec
 
@@ -112,8 +112,7 @@ class OmniStrategy(DDPStrategy):
         boolean("meta_init", meta_init)
         boolean("lssp", lssp)
         boolean("reorder", reorder)
-        _check_tensor_parallel(tensor_parallel, encoder_tensor_parallel, zero_stage, lssp,
-                               reorder)
+        _check_tensor_parallel(tensor_parallel, encoder_tensor_parallel, lssp, reorder)
         super().__init__(timeout=timeout, **kwargs)
         self.tensor_parallel = tensor_parallel
         self.encoder_tensor_parallel = (tensor_parallel if encoder_tensor_parallel is None
@@ -281,8 +280,12 @@ class OmniStrategy(DDPStrategy):
         inner = getattr(optimizer, "_optimizer", optimizer)
         if hasattr(inner, "consolidate_state_dict") and self.engine is not None:
             inner.consolidate_state_dict(to=0)
-            return inner.state_dict() if self.engine.layout.replica == 0 else {}
-        if self.tensor_parallel > 1:  # full tensors (every TP rank of the stage gathers)
+            if self.engine.layout.replica != 0:
+                return {}
+            state = inner.state_dict()
+            # tensor parallel: whole tensors (every TP rank of replica 0's stage gathers)
+            return full_optimizer_state(state, inner) if self.tensor_parallel > 1 else state
+        if self.tensor_parallel > 1:  # whole tensors (every TP rank of the stage gathers)
             return full(super().optimizer_state(optimizer))
         return super().optimizer_state(optimizer)
 
@@ -479,7 +482,7 @@ class OmniStrategy(DDPStrategy):
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         if self.tensor_parallel > 1:  # full tensors cut into this rank's shards
             checkpoint = {**checkpoint, "optimizer_states": [
-                reshard_optimizer_state(state, opt)
+                reshard_optimizer_state(state, getattr(opt, "_optimizer", opt))
                 for state, opt in zip(checkpoint["optimizer_states"], self.optimizers,
                                       strict=False)]}
         super().load_optimizer_state_dict(checkpoint)
@@ -500,8 +503,8 @@ def _describe(key: tuple) -> str:
             f"tensor_parallel={tp}, encoder_tensor_parallel={enc_tp}")
 
 
-def _check_tensor_parallel(tp: int, encoder_tp: int | None, zero_stage: int, lssp: bool,
-                           reorder: bool) -> None:
+def _check_tensor_parallel(tp: int, encoder_tp: int | None, lssp: bool, reorder: bool
+                           ) -> None:
     """What tensor parallelism does not combine with yet, refused before any process starts."""
     if encoder_tp is not None and encoder_tp not in (1, tp):
         fail("encoder_tensor_parallel", f"1 (encoders replicated over the TP group) or "
@@ -509,10 +512,6 @@ def _check_tensor_parallel(tp: int, encoder_tp: int | None, zero_stage: int, lss
              encoder_tp)
     if tp == 1:
         return
-    if zero_stage != 0:
-        raise ValueError(f"zero_stage={zero_stage} with tensor_parallel={tp}: ZeRO-1 over "
-                         "tensor-parallel shards is not implemented; use zero_stage=0 or "
-                         "tensor_parallel=1")
     for name, on in (("lssp", lssp), ("reorder", reorder)):
         if on:
             raise ValueError(f"{name}=True with tensor_parallel={tp}: encoder group work "

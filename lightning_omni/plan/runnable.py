@@ -85,7 +85,7 @@ def _tensor_parallel_refusals(system: str, cfg: ParallelConfig, scenario: Scenar
                               ) -> list[str]:
     """Why OmniStrategy cannot run this layout's tensor parallelism as the plan prices it:
     the runtime shards the encoders over the whole TP group or not at all, and TP does not
-    combine yet with ZeRO-1 (which the plan assumes whenever DP > 1) or with LSSP/reorder."""
+    combine yet with LSSP / grouped reordering."""
     tp, etp = cfg.tp, cfg.encoder_tp
     if tp == 1 and etp == 1:
         return []
@@ -97,14 +97,10 @@ def _tensor_parallel_refusals(system: str, cfg: ParallelConfig, scenario: Scenar
                 f"{tp // etp} encoder lanes per TP group, each encoding its own samples, while "
                 "OmniStrategy shards the encoders over the whole TP group or replicates them "
                 "(every TP rank encoding the same samples)"]
-    why = []
-    if cfg.dp > 1:
-        why.append("tensor parallelism with DP > 1: the plan shards optimizer state over DP "
-                   "(ZeRO-1), which OmniStrategy does not combine with tensor parallelism yet")
     if system == "omni" and not {"lssp", "reorder"} <= set(scenario.omni_off):
-        why.append("tensor parallelism with LSSP / grouped reordering: encoder group work does "
-                   "not run tensor parallel yet")
-    return why
+        return ["tensor parallelism with LSSP / grouped reordering: encoder group work does "
+                "not run tensor parallel yet"]
+    return []
 
 
 def runnable_systems(systems: tuple[str, ...] | list[str], scenario: Scenario) -> list[str]:
@@ -115,7 +111,8 @@ def runnable_systems(systems: tuple[str, ...] | list[str], scenario: Scenario) -
 def runnable_grid(grid: Grid) -> Grid:
     """``grid`` narrowed to what OmniStrategy runs: TP1, one chunk per rank, no recompute,
     every stage with LLM layers, equal replicas. Raises if nothing is left. (TP layouts run
-    only at DP 1 without LSSP/reorder, which a grid cannot express: ``launch`` says which.)"""
+    only at the encoders' TP and, for Omni, without LSSP/reorder, which a grid cannot
+    express: ``launch`` says which.)"""
     narrowed = replace(grid, tp=tuple(t for t in grid.tp if t == 1), vpp=(1,),
                        recompute=tuple(r for r in grid.recompute if r == (False, False)),
                        stage0_fractions=tuple(f for f in grid.stage0_fractions if f > 0),

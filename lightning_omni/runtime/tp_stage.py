@@ -136,18 +136,52 @@ def reshard(value: Tensor, like_this: Tensor) -> Tensor:
                              like_this.placements, src_data_rank=None)
 
 
-def reshard_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimizer
-                            ) -> dict[str, Any]:
-    """An optimizer ``state_dict`` with full tensors, its per-parameter tensors resharded like
-    the parameters they belong to (matched by position in the param groups)."""
+def _params_by_index(state: dict[str, Any], optimizer: torch.optim.Optimizer
+                     ) -> dict[Any, Tensor]:
+    """Each saved parameter index -> its parameter (matched by position in the param groups;
+    a ``LocalShardZero``'s local shard -> its DTensor parameter)."""
+    owner = optimizer.shard_of() if hasattr(optimizer, "shard_of") else {}
     params: dict[Any, Tensor] = {}
     for saved, group in zip(state["param_groups"], optimizer.param_groups, strict=True):
-        params.update(zip(saved["params"], group["params"], strict=True))
-    out = dict(state)
-    out["state"] = {}
-    for key, entry in state["state"].items():
-        p = params.get(key)
-        out["state"][key] = {k: (reshard(v, p) if p is not None and isinstance(v, Tensor)
-                                 and tuple(v.shape) == tuple(p.shape) else v)
-                             for k, v in entry.items()}
-    return out
+        for key, p in zip(saved["params"], group["params"], strict=True):
+            params[key] = owner.get(id(p), p)
+    return params
+
+
+def _per_param(state: dict[str, Any], params: dict[Any, Tensor], fn) -> dict[str, Any]:
+    return {**state, "state": {key: {name: fn(v, params.get(key)) for name, v in entry.items()}
+                               for key, entry in state["state"].items()}}
+
+
+def full_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimizer
+                         ) -> dict[str, Any]:
+    """An optimizer ``state_dict`` with whole tensors: DTensor states gathered, and a
+    ``LocalShardZero``'s local-shard states (its parameters' shapes) gathered by their
+    parameter's placements. Every TP rank of the stage calls it, in the same order."""
+    def whole(v: Any, p: Tensor | None) -> Any:
+        if isinstance(v, DTensor):
+            return v.full_tensor()
+        if isinstance(p, DTensor) and isinstance(v, Tensor) and v.dim() and \
+                tuple(v.shape) == tuple(p.to_local().shape):
+            return DTensor.from_local(v, p.device_mesh, p.placements, shape=p.shape,
+                                      stride=p.stride()).full_tensor()
+        return v
+
+    return _per_param(state, _params_by_index(state, optimizer), whole)
+
+
+def reshard_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimizer
+                            ) -> dict[str, Any]:
+    """An optimizer ``state_dict`` with full tensors, its per-parameter tensors (those of
+    the parameter's shape) cut like the parameters they belong to: DTensors, or local shards
+    for a ``LocalShardZero``."""
+    shards = hasattr(optimizer, "shard_of")
+
+    def cut(v: Any, p: Tensor | None) -> Any:
+        if not (isinstance(p, DTensor) and isinstance(v, Tensor) and not isinstance(v, DTensor)
+                and tuple(v.shape) == tuple(p.shape)):
+            return v
+        d = reshard(v, p)
+        return d.to_local() if shards else d
+
+    return _per_param(state, _params_by_index(state, optimizer), cut)

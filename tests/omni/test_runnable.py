@@ -43,7 +43,6 @@ def test_runnable_layouts_map_to_strategy_arguments():
 @pytest.mark.parametrize("system, cfg, sc, words", [
     ("omni", ParallelConfig(2, 2, 2), _scenario(), "tensor parallelism"),
     ("omni", ParallelConfig(1, 2, 4, encoder_tp=2), _scenario(), "tensor parallelism"),
-    ("megatron", ParallelConfig(2, 2, 2, encoder_tp=2), _scenario(), "ZeRO-1"),
     ("omni", ParallelConfig(2, 4, 1, encoder_tp=2), _scenario(), "LSSP"),
     ("megatron", ParallelConfig(1, 2, 4, vpp=2), _scenario(), "interleaved"),
     ("omni", ParallelConfig(1, 2, 4, recompute=True), _scenario(), "recomputation"),
@@ -62,13 +61,14 @@ def test_each_unsupported_dimension_is_named(system, cfg, sc, words):
 
 
 def test_tensor_parallel_layouts_launch_where_the_runtime_runs_them():
-    """TP at the encoders' degree, one replica, no LSSP/reorder: the strategy's TP arguments."""
+    """TP at the encoders' degree (ZeRO-1 over DP too), no LSSP/reorder for Omni: the
+    strategy's TP arguments."""
     from lightning_omni import OmniStrategy
 
-    mega = launch("megatron", ParallelConfig(2, 4, 1, encoder_tp=2), _scenario())
+    mega = launch("megatron", ParallelConfig(2, 2, 2, encoder_tp=2), _scenario())
     assert mega.runnable, mega.why_not
-    assert (mega.strategy_kwargs["tensor_parallel"],
-            mega.strategy_kwargs["encoder_tensor_parallel"]) == (2, 2)
+    assert (mega.strategy_kwargs["tensor_parallel"], mega.strategy_kwargs["zero_stage"],
+            mega.strategy_kwargs["encoder_tensor_parallel"]) == (2, 1, 2)
     omni = launch("omni", ParallelConfig(2, 4, 1, encoder_tp=2),
                   _scenario(off=("lssp", "reorder")))
     assert omni.runnable and omni.strategy_kwargs["schedule"] == "uniform_insertion"

@@ -1,8 +1,9 @@
 """Tensor parallelism inside each pipeline stage (DTensor over a DeviceMesh) composed with PP x DP:
 TP2 x PP2 and TP2 x DP2 fits on 4 gloo ranks equal the plain single-process run in float64
 (losses, gradients, parameters), with a tied head and gradient clipping, sharded and replicated
-encoders, a meta build, and a checkpoint that resumes at the same and at another TP degree and
-consolidates to the plain module. All runs share one spawn of 4 processes (see tp_workers)."""
+encoders, meta builds, ZeRO-1, and checkpoints that resume at the same and at another TP
+degree and consolidate to the plain module. All runs share one spawn of 4 processes
+(see tp_workers)."""
 
 from pathlib import Path
 
@@ -24,15 +25,18 @@ PP2[-1]["save"] = True
 RESUMES = [{**PP2[-1], "name": "resume_tp2", "save": False, "resume": PP2[-1]["name"]},
            {**PP2[-1], "name": "resume_tp1_dp2", "tp": 1, "dp": 2, "save": False,
             "resume": PP2[-1]["name"]}]
-DP2 = [{"name": "dp2_enc_tp2", "pp": 1, "dp": 2, "tp": 2, "schedule": "uniform_insertion"},
+DP2 = [{"name": "dp2_enc_tp2_zero", "pp": 1, "dp": 2, "tp": 2, "schedule": "uniform_insertion",
+        "zero": 1, "save": True},
        {"name": "dp2_enc_tp1_meta", "pp": 1, "dp": 2, "tp": 2,
         "schedule": "encoder_first_stage", "encoder_tp": 1, "lazy": True}]
+DP2_RESUME = {**DP2[0], "name": "dp2_zero_resume", "save": False, "resume": DP2[0]["name"]}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("tp_ckpt")
-    ranks = spawn(tp_worker, 4, [*PP2, *RESUMES, *DP2], BATCH, SAMPLES, str(ckpt), timeout=300)
+    ranks = spawn(tp_worker, 4, [*PP2, *RESUMES, *DP2, DP2_RESUME], BATCH, SAMPLES, str(ckpt),
+                  timeout=300)
     return ranks, ckpt
 
 
@@ -98,24 +102,29 @@ def test_tp_checkpoint_resumes_at_two_tp_degrees_and_consolidates(runs, tied):
         torch.testing.assert_close(p.detach(), tied[1]["params"][n], rtol=RTOL, atol=ATOL)
 
 
-def test_tp2_dp2_sharded_replicated_encoders_and_meta_build(runs):
-    """TP2 x DP2: encoders sharded over the TP group, or replicated on it
+def test_tp2_dp2_zero_sharded_replicated_encoders_and_meta_build(runs):
+    """TP2 x DP2: encoders sharded over the TP group with ZeRO-1 over each TP rank's
+    data-parallel group (its checkpoint resumed), or replicated on the TP group
     (``encoder_tensor_parallel=1``) with the model built on the meta device in
     ``configure_model`` (each rank materializes its stage, then shards it). With everything
-    sharded a rank holds about half of the model's parameter bytes."""
+    sharded a rank holds about half of the parameter bytes and a quarter of Adam's state."""
     ranks, _ = runs
-    ref = reference(SAMPLES // BATCH, BATCH, SAMPLES)
+    ref = {e: reference(e * SAMPLES // BATCH, BATCH, SAMPLES) for e in (1, 2)}
     names = {n for n, _ in make_tp_model(0).named_parameters()}
     for run in DP2:
-        _check(ranks, run["name"], ref, names)
+        _check(ranks, run["name"], ref[1], names)
+    epoch = SAMPLES // BATCH
+    _check(ranks, DP2_RESUME["name"], ref[2], names, steps=slice(epoch, 2 * epoch),
+           grads=False)
     full = sum(p.numel() * p.element_size() for p in make_tp_model(0).parameters())
     for r in ranks:
         sharded, replicated = r[DP2[0]["name"]]["param_bytes"], r[DP2[1]["name"]]["param_bytes"]
         assert sharded <= 0.6 * full and sharded < replicated, (sharded, replicated, full)
+        assert r[DP2[0]["name"]]["optimizer"] == "LocalShardZero"
+        assert 0 < r[DP2[0]["name"]]["state_bytes"] <= 0.35 * ref[1]["state_bytes"]
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"tensor_parallel": 2, "zero_stage": 1}, "zero_stage=1 with tensor_parallel=2"),
     ({"tensor_parallel": 2, "lssp": True}, "lssp=True with tensor_parallel=2"),
     ({"tensor_parallel": 2, "reorder": True}, "reorder=True with tensor_parallel=2"),
     ({"tensor_parallel": 4, "encoder_tensor_parallel": 2}, "encoder_tensor_parallel: expected"),

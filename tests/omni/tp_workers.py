@@ -62,7 +62,9 @@ def reference(steps: int, batch: int, samples: int, clip: float | None = None,
             grads0 = {n: p.grad.clone() for n, p in model.named_parameters()}
         losses.append(float(loss.detach()))
         opt.step()
-    return {"losses": losses, "grads0": grads0,
+    from lightning_omni.runtime.zero import state_bytes
+
+    return {"losses": losses, "grads0": grads0, "state_bytes": state_bytes(opt),
             "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
@@ -113,7 +115,8 @@ def _strategy(run: dict[str, Any]):
 
     return OmniStrategy(pipeline_parallel=run["pp"], data_parallel=run["dp"],
                         tensor_parallel=run.get("tp", 1), schedule=run["schedule"],
-                        encoder_tensor_parallel=run.get("encoder_tp"), num_microbatches=4)
+                        encoder_tensor_parallel=run.get("encoder_tp"), num_microbatches=4,
+                        zero_stage=run.get("zero", 0))
 
 
 def _fit(rank: int, world: int, run: dict[str, Any], samples: int, batch: int,
@@ -142,9 +145,11 @@ def _fit(rank: int, world: int, run: dict[str, Any], samples: int, batch: int,
 def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, samples: int,
               ckpt_dir: str) -> dict[str, Any]:
     """Per run (``name``, ``pp``, ``dp``, ``tp``, ``schedule``, optional ``tie``, ``clip``,
-    ``encoder_tp``, ``lazy``, ``save``, ``resume``; see ``_fit``): losses, first-step gradients
-    and final hosted parameters (whole), the plain gradients as held, this rank's plan and TP
-    ranks and the parameter bytes it holds."""
+    ``encoder_tp``, ``lazy``, ``zero``, ``save``, ``resume``; see ``_fit``): losses,
+    first-step gradients and final hosted parameters (whole), the plain gradients as held,
+    this rank's plan and TP ranks, the parameter and optimizer-state bytes it holds."""
+    from lightning_omni.runtime.zero import state_bytes
+
     out: dict[str, Any] = {}
     for run in runs:
         rec, strategy, model = _fit(rank, world, run, samples, batch, ckpt_dir)
@@ -155,7 +160,9 @@ def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, sam
             "params": {n: _full(p.detach()) for n, p in model.named_parameters()
                        if id(p) in hosted},
             "tp_rank": lay.tp_rank, "plan_rank": lay.rank,
-            "param_bytes": sum(_local(p).numel() * p.element_size() for p in model.parameters())}
+            "param_bytes": sum(_local(p).numel() * p.element_size() for p in model.parameters()),
+            "optimizer": type(strategy.optimizers[0]).__name__,
+            "state_bytes": state_bytes(strategy.optimizers[0])}
     return out
 
 
