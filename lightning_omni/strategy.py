@@ -348,6 +348,13 @@ class OmniStrategy(DDPStrategy):
             if len(locality) != world:
                 raise ValueError(f"locality_groups: expected one group id per rank ({world}), "
                                  f"got {len(locality)}")
+        tp = self.tensor_parallel
+        if tp > 1:  # the plan's ranks: one per TP group, which must sit in one locality group
+            groups = [locality[r:r + tp] for r in range(0, world, tp)]
+            if any(len(set(g)) > 1 for g in groups):
+                raise ValueError(f"locality_groups: expected the {tp} ranks of each tensor-"
+                                 f"parallel group in one locality group, got {list(locality)}")
+            locality = tuple(g[0] for g in groups)
         # only encoders that declare ``splittable_rows`` are split; others run unsplit (heads 0)
         heads = []
         for m in self.spec.modalities:
@@ -513,10 +520,11 @@ def _check_tensor_parallel(tp: int, encoder_tp: int | None, lssp: bool, reorder:
     if tp == 1:
         return
     for name, on in (("lssp", lssp), ("reorder", reorder)):
-        if on:
-            raise ValueError(f"{name}=True with tensor_parallel={tp}: encoder group work "
-                             "(LSSP / grouped reordering) does not run tensor parallel yet; use "
-                             f"{name}=False or tensor_parallel=1")
+        if on and encoder_tp != 1:
+            raise ValueError(f"{name}=True with tensor_parallel={tp}: expected "
+                             f"encoder_tensor_parallel=1, got {encoder_tp or tp}: encoder group "
+                             "work (LSSP / grouped reordering) runs on whole encoders, the same "
+                             "on every TP rank; TP-sharded encoders do not run it yet")
 
 
 class _GlobalClipping:

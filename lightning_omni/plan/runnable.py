@@ -84,8 +84,8 @@ def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
 def _tensor_parallel_refusals(system: str, cfg: ParallelConfig, scenario: Scenario
                               ) -> list[str]:
     """Why OmniStrategy cannot run this layout's tensor parallelism as the plan prices it:
-    the runtime shards the encoders over the whole TP group or not at all, and TP does not
-    combine yet with LSSP / grouped reordering."""
+    the runtime shards the encoders over the whole TP group or not at all, and runs LSSP /
+    grouped reordering on whole encoders only."""
     tp, etp = cfg.tp, cfg.encoder_tp
     if tp == 1 and etp == 1:
         return []
@@ -98,8 +98,9 @@ def _tensor_parallel_refusals(system: str, cfg: ParallelConfig, scenario: Scenar
                 "OmniStrategy shards the encoders over the whole TP group or replicates them "
                 "(every TP rank encoding the same samples)"]
     if system == "omni" and not {"lssp", "reorder"} <= set(scenario.omni_off):
-        return ["tensor parallelism with LSSP / grouped reordering: encoder group work does "
-                "not run tensor parallel yet"]
+        return [f"tensor parallelism with LSSP / grouped reordering: OmniStrategy runs encoder "
+                f"group work on whole encoders only (encoder_tensor_parallel=1), while the plan "
+                f"shards them at encoder TP {etp}"]
     return []
 
 

@@ -125,11 +125,12 @@ class OmniEngine:
         self.tp: StageTP | None = None
         self.loss_context: Callable[[], AbstractContextManager] = nullcontext
         if layout.tp > 1:
-            if group_options is not None:
-                raise ValueError("tensor_parallel: expected 1 with lssp or reorder (encoder "
-                                 f"group work is not tensor parallel yet), got {layout.tp}")
-            self.tp = make_meshes(layout, layout.tp if encoder_tp is None else encoder_tp,
-                                  device)
+            encoder_tp = layout.tp if encoder_tp is None else encoder_tp
+            if group_options is not None and encoder_tp != 1:
+                raise ValueError(f"encoder_tensor_parallel: expected 1 with lssp or reorder "
+                                 f"(encoder group work runs on whole encoders, the same on "
+                                 f"every TP rank), got {encoder_tp}")
+            self.tp = make_meshes(layout, encoder_tp, device)
             apply_tensor_parallel(spec, layout, self.owns_encoders(), self.tp)
             self.loss_context = lambda: loss_context(spec)
         self.hosting: Hosting = param_hosting(spec, layout, schedule)
@@ -187,8 +188,8 @@ class OmniEngine:
                     if ranks not in self.groups:
                         self.groups[ranks] = self._new_group(ranks)
                     g = self.groups[ranks]
-                    if lay.rank in ranks and g is not None:
-                        cache.add(ranks, g)
+                    if lay.rank in ranks and g is not None:  # keyed by process ranks
+                        cache.add(lay.tp_slice(ranks, lay.tp_rank), g)
         return cache
 
     def owns_encoders(self) -> bool:

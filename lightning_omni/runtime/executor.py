@@ -277,7 +277,9 @@ class StageExecutor:
             mine = sorted(g for g, o in w.owner[k].items() if o == j)
             x = mb[mod.inputs]
             inputs = {g: x[g - first, :w.lengths[k][g]] for g in mine}
-            res = run_lssp_microbatch(mod.encoder, ex, inputs, w.members, cache=self.cache,
+            # the group's processes at this TP rank (TP: each TP rank runs the same work)
+            members = self.layout.tp_slice(w.members, self.layout.tp_rank)
+            res = run_lssp_microbatch(mod.encoder, ex, inputs, members, cache=self.cache,
                                       backend=self.ulysses_backend, row_shape=x.shape[2:],
                                       out_dim=self.hidden, dtype=x.dtype)
             self._step.bytes_sent += res.bytes_sent

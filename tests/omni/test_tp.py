@@ -1,9 +1,9 @@
 """Tensor parallelism inside each pipeline stage (DTensor over a DeviceMesh) composed with PP x DP:
 TP2 x PP2 and TP2 x DP2 fits on 4 gloo ranks equal the plain single-process run in float64
 (losses, gradients, parameters), with a tied head and gradient clipping, sharded and replicated
-encoders, meta builds, ZeRO-1, and checkpoints that resume at the same and at another TP
-degree and consolidate to the plain module. All runs share one spawn of 4 processes
-(see tp_workers)."""
+encoders, meta builds, ZeRO-1, LSSP and reordering, and checkpoints that resume at the same
+and at another TP degree and consolidate to the plain module. All runs share one spawn of 4
+processes (see tp_workers)."""
 
 from pathlib import Path
 
@@ -30,13 +30,17 @@ DP2 = [{"name": "dp2_enc_tp2_zero", "pp": 1, "dp": 2, "tp": 2, "schedule": "unif
        {"name": "dp2_enc_tp1_meta", "pp": 1, "dp": 2, "tp": 2,
         "schedule": "encoder_first_stage", "encoder_tp": 1, "lazy": True}]
 DP2_RESUME = {**DP2[0], "name": "dp2_zero_resume", "save": False, "resume": DP2[0]["name"]}
+# every sample over 3 encoder rows runs sequence parallel (as in test_strategy_lssp)
+GROUPED = {"name": "dp2_lssp_reorder", "pp": 1, "dp": 2, "tp": 2, "encoder": "token",
+           "schedule": "uniform_insertion", "encoder_tp": 1, "lssp": True, "reorder": True,
+           "lssp_max_rows": 3}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("tp_ckpt")
-    ranks = spawn(tp_worker, 4, [*PP2, *RESUMES, *DP2, DP2_RESUME], BATCH, SAMPLES, str(ckpt),
-                  timeout=300)
+    ranks = spawn(tp_worker, 4, [*PP2, *RESUMES, *DP2, DP2_RESUME, GROUPED], BATCH, SAMPLES,
+                  str(ckpt), timeout=300)
     return ranks, ckpt
 
 
@@ -124,9 +128,23 @@ def test_tp2_dp2_zero_sharded_replicated_encoders_and_meta_build(runs):
         assert 0 < r[DP2[0]["name"]]["state_bytes"] <= 0.35 * ref[1]["state_bytes"]
 
 
+def test_tp2_dp2_lssp_and_reordering_with_replicated_encoders(runs):
+    """LSSP (long samples Ulysses sequence parallel over the replicas) and grouped reordering
+    with TP2 x DP2: the encoders whole on every TP rank, each TP rank running the same group
+    work over the processes of its TP rank."""
+    ranks, _ = runs
+    ref = reference(SAMPLES // BATCH, BATCH, SAMPLES, encoder="token")
+    _check(ranks, GROUPED["name"], ref,
+           {n for n, _ in make_tp_model(0, encoder="token").named_parameters()})
+    grouped = ranks[0][GROUPED["name"]]["grouped"]
+    assert grouped["lssp/long_samples"] >= 4 and grouped["lssp/sp_degree_max"] == 2
+
+
 @pytest.mark.parametrize("kwargs, words", [
-    ({"tensor_parallel": 2, "lssp": True}, "lssp=True with tensor_parallel=2"),
-    ({"tensor_parallel": 2, "reorder": True}, "reorder=True with tensor_parallel=2"),
+    ({"tensor_parallel": 2, "lssp": True}, "lssp=True with tensor_parallel=2: expected "
+     "encoder_tensor_parallel=1, got 2"),
+    ({"tensor_parallel": 2, "reorder": True, "encoder_tensor_parallel": 2},
+     "reorder=True with tensor_parallel=2"),
     ({"tensor_parallel": 4, "encoder_tensor_parallel": 2}, "encoder_tensor_parallel: expected"),
     ({"tensor_parallel": 0}, "tensor_parallel: expected"),
 ])

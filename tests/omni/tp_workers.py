@@ -116,7 +116,9 @@ def _strategy(run: dict[str, Any]):
     return OmniStrategy(pipeline_parallel=run["pp"], data_parallel=run["dp"],
                         tensor_parallel=run.get("tp", 1), schedule=run["schedule"],
                         encoder_tensor_parallel=run.get("encoder_tp"), num_microbatches=4,
-                        zero_stage=run.get("zero", 0))
+                        zero_stage=run.get("zero", 0), lssp=run.get("lssp", False),
+                        reorder=run.get("reorder", False),
+                        lssp_max_rows=run.get("lssp_max_rows"), ulysses_backend="torch")
 
 
 def _fit(rank: int, world: int, run: dict[str, Any], samples: int, batch: int,
@@ -130,7 +132,8 @@ def _fit(rank: int, world: int, run: dict[str, Any], samples: int, batch: int,
         callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename=run["name"],
                                                       save_top_k=-1))
     path = os.path.join(ckpt_dir, f"{run['resume']}.ckpt") if run.get("resume") else None
-    model = make_tp_model(1 if path else 0, lazy=run.get("lazy", False), tie=run.get("tie"))
+    model = make_tp_model(1 if path else 0, lazy=run.get("lazy", False), tie=run.get("tie"),
+                          encoder=run.get("encoder", "plain"))
     if run.get("lazy"):  # built in fit: from the seed, as the reference's model right after it
         torch.manual_seed(0)
     strategy = _strategy(run)
@@ -145,7 +148,8 @@ def _fit(rank: int, world: int, run: dict[str, Any], samples: int, batch: int,
 def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, samples: int,
               ckpt_dir: str) -> dict[str, Any]:
     """Per run (``name``, ``pp``, ``dp``, ``tp``, ``schedule``, optional ``tie``, ``clip``,
-    ``encoder_tp``, ``lazy``, ``zero``, ``save``, ``resume``; see ``_fit``): losses,
+    ``encoder_tp``, ``lazy``, ``zero``, ``lssp``, ``reorder``, ``lssp_max_rows``, ``encoder``,
+    ``save``, ``resume``; see ``_fit``): losses, the encoder group plan's metrics,
     first-step gradients and final hosted parameters (whole), the plain gradients as held,
     this rank's plan and TP ranks, the parameter and optimizer-state bytes it holds."""
     from lightning_omni.runtime.zero import state_bytes
@@ -162,6 +166,8 @@ def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, sam
             "tp_rank": lay.tp_rank, "plan_rank": lay.rank,
             "param_bytes": sum(_local(p).numel() * p.element_size() for p in model.parameters()),
             "optimizer": type(strategy.optimizers[0]).__name__,
+            "grouped": (strategy.last_step.grouped.metrics()
+                        if strategy.last_step.grouped is not None else None),
             "state_bytes": state_bytes(strategy.optimizers[0])}
     return out
 
