@@ -415,6 +415,10 @@ class OmniStrategy(DDPStrategy):
         for p, grad in self._step_grads:
             p.grad = grad
         self._step_grads = []
+        for opt in self.optimizers:  # ZeRO-1 under TP: the optimizer's local-shard gradients,
+            pull = getattr(getattr(opt, "_optimizer", opt), "pull_grads", None)  # for clipping
+            if pull is not None:  # by value (Lightning clips the optimizer's parameters)
+                pull()
         return self.precision_plugin.post_backward(closure_loss, module)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int, *args: Any) -> dict:

@@ -38,13 +38,18 @@ class LocalShardZero(ZeroRedundancyOptimizer):
         self.shards = shards  # (DTensor parameter, its local shard) pairs
         super().__init__(groups, **kwargs)
 
+    def pull_grads(self) -> None:
+        """Each shard's gradient: its parameter's local gradient (sharing its storage, so that
+        clipping either one clips both)."""
+        for param, shard in self.shards:
+            shard.grad = None if param.grad is None else param.grad.to_local()
+
     def step(self, closure=None, **kwargs):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for param, shard in self.shards:
-            shard.grad = None if param.grad is None else param.grad.to_local()
+        self.pull_grads()
         super().step(**kwargs)
         return loss
 

@@ -22,11 +22,13 @@ PP2 = [{"name": f"pp2_{s}", "pp": 2, "dp": 1, "tp": 2, "schedule": s, "tie": Tru
         "clip": CLIP} for s in SCHEDULES]
 PP2[0]["lazy"] = True  # built in configure_model on the meta device: a stage, then shards
 PP2[-1]["save"] = True
+PP2[-1]["evaluate"] = True  # then validation and prediction, vocabulary-sharded logits
 RESUMES = [{**PP2[-1], "name": "resume_tp2", "save": False, "resume": PP2[-1]["name"]},
            {**PP2[-1], "name": "resume_tp1_dp2", "tp": 1, "dp": 2, "save": False,
             "resume": PP2[-1]["name"]}]
+CLIP_VALUE = 0.01  # clips part of the toy's gradient elements
 DP2 = [{"name": "dp2_enc_tp2_zero", "pp": 1, "dp": 2, "tp": 2, "schedule": "uniform_insertion",
-        "zero": 1, "save": True},
+        "zero": 1, "save": True, "clip": CLIP_VALUE, "clip_algorithm": "value"},
        {"name": "dp2_enc_tp1_meta", "pp": 1, "dp": 2, "tp": 2,
         "schedule": "encoder_first_stage", "encoder_tp": 1, "lazy": True}]
 DP2_RESUME = {**DP2[0], "name": "dp2_zero_resume", "save": False, "resume": DP2[0]["name"]}
@@ -82,12 +84,20 @@ def _check(ranks, name, ref, names, steps=slice(0, SAMPLES // BATCH), grads=True
 def test_tp2_pp2_tied_head_and_clipping_match_the_plain_run(runs, tied):
     """TP2 x PP2, both schedules: the head tied to the embedding across the stages (one
     vocabulary-sharded weight), clipping by the global norm over every stage and TP shard;
-    the first run built on the meta device in ``configure_model``."""
+    the first run built on the meta device in ``configure_model``; then validation (loss and
+    an accuracy metric on vocabulary-sharded logits) and prediction."""
     ranks, _ = runs
     names = {n for n, _ in make_tp_model(0, tie=True).named_parameters()}
     for run in PP2:
         _check(ranks, run["name"], tied[1], names)
     assert all(r[PP2[0]["name"]]["tp_rank"] == i % 2 for i, r in enumerate(ranks))
+    # validation (loss and accuracy metric) and prediction of the trained model, on every rank
+    last = PP2[-1]["name"]
+    for r in ranks:
+        assert len(r[last]["val"]) == len(tied[1]["val"])
+        for got, want in zip(r[last]["val"], tied[1]["val"], strict=True):
+            assert got == pytest.approx(want, rel=RTOL), (got, want)
+        torch.testing.assert_close(r[last]["preds"], tied[1]["preds"], rtol=RTOL, atol=ATOL)
 
 
 def test_tp_checkpoint_resumes_at_two_tp_degrees_and_consolidates(runs, tied):
@@ -108,24 +118,27 @@ def test_tp_checkpoint_resumes_at_two_tp_degrees_and_consolidates(runs, tied):
 
 def test_tp2_dp2_zero_sharded_replicated_encoders_and_meta_build(runs):
     """TP2 x DP2: encoders sharded over the TP group with ZeRO-1 over each TP rank's
-    data-parallel group (its checkpoint resumed), or replicated on the TP group
+    data-parallel group and clipping by value (its checkpoint resumed), or replicated on the TP
+    group
     (``encoder_tensor_parallel=1``) with the model built on the meta device in
     ``configure_model`` (each rank materializes its stage, then shards it). With everything
     sharded a rank holds about half of the parameter bytes and a quarter of Adam's state."""
     ranks, _ = runs
-    ref = {e: reference(e * SAMPLES // BATCH, BATCH, SAMPLES) for e in (1, 2)}
+    clipped = {e: reference(e * SAMPLES // BATCH, BATCH, SAMPLES, clip=CLIP_VALUE,
+                            clip_algorithm="value") for e in (1, 2)}
+    ref = reference(SAMPLES // BATCH, BATCH, SAMPLES)
     names = {n for n, _ in make_tp_model(0).named_parameters()}
-    for run in DP2:
-        _check(ranks, run["name"], ref[1], names)
+    _check(ranks, DP2[0]["name"], clipped[1], names)
+    _check(ranks, DP2[1]["name"], ref, names)
     epoch = SAMPLES // BATCH
-    _check(ranks, DP2_RESUME["name"], ref[2], names, steps=slice(epoch, 2 * epoch),
+    _check(ranks, DP2_RESUME["name"], clipped[2], names, steps=slice(epoch, 2 * epoch),
            grads=False)
     full = sum(p.numel() * p.element_size() for p in make_tp_model(0).parameters())
     for r in ranks:
         sharded, replicated = r[DP2[0]["name"]]["param_bytes"], r[DP2[1]["name"]]["param_bytes"]
         assert sharded <= 0.6 * full and sharded < replicated, (sharded, replicated, full)
         assert r[DP2[0]["name"]]["optimizer"] == "LocalShardZero"
-        assert 0 < r[DP2[0]["name"]]["state_bytes"] <= 0.35 * ref[1]["state_bytes"]
+        assert 0 < r[DP2[0]["name"]]["state_bytes"] <= 0.35 * ref["state_bytes"]
 
 
 def test_tp2_dp2_lssp_and_reordering_with_replicated_encoders(runs):

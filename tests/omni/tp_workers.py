@@ -44,10 +44,11 @@ def make_tp_model(seed: int = 0, lazy: bool = False, **kw: Any) -> OmniToy:
 
 
 def reference(steps: int, batch: int, samples: int, clip: float | None = None,
-              **kw: Any) -> dict[str, Any]:
+              clip_algorithm: str = "norm", **kw: Any) -> dict[str, Any]:
     """The plain module on one process: its own training_step on the global batch, Adam,
-    ``clip_grad_norm_`` over all parameters when ``clip`` (as Lightning's gradient_clip_val);
-    first-step gradients as the optimizer sees them (after clipping)."""
+    ``clip_grad_norm_`` (or ``clip_grad_value_``) over all parameters when ``clip``, as
+    Lightning's gradient_clip_val; first-step gradients as the optimizer sees them (after
+    clipping)."""
     model = make_tp_model(0, **kw)
     opt = model.configure_optimizers()
     losses, grads0 = [], None
@@ -56,7 +57,9 @@ def reference(steps: int, batch: int, samples: int, clip: float | None = None,
         opt.zero_grad()
         loss = model.training_step(batches[i % len(batches)], i)
         loss.backward()
-        if clip is not None:
+        if clip is not None and clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(model.parameters(), clip)
+        elif clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         if i == 0:
             grads0 = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -64,14 +67,22 @@ def reference(steps: int, batch: int, samples: int, clip: float | None = None,
         opt.step()
     from lightning_omni.runtime.zero import state_bytes
 
+    with torch.no_grad():  # the trained model's validation outputs and predictions
+        evals = [model.validation_step(b, i) for i, b in
+                 enumerate(global_batches(ToyData(EVAL_SAMPLES), EVAL_BATCH))]
+        preds = torch.cat([model(b) for b in global_batches(ToyData(EVAL_SAMPLES), EVAL_BATCH)])
     return {"losses": losses, "grads0": grads0, "state_bytes": state_bytes(opt),
-            "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+            "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+            "val": [{k: float(v) for k, v in e.items()} for e in evals], "preds": preds}
 
 
 def _full(t: Tensor) -> Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t.clone()
+
+
+EVAL_SAMPLES, EVAL_BATCH = 16, 8
 
 
 class _Record(pl.Callback):
@@ -82,6 +93,12 @@ class _Record(pl.Callback):
         self.losses: list[float] = []
         self.grads0: dict[str, Tensor] = {}
         self.plain0: dict[str, Tensor] = {}
+        self.val: list[dict[str, float]] = []
+        self.preds: Tensor | None = None
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx,
+                                dataloader_idx=0) -> None:
+        self.val.append({k: float(v) for k, v in outputs.items()})
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         from torch.distributed.tensor import DTensor
@@ -138,20 +155,27 @@ def _fit(rank: int, world: int, run: dict[str, Any], samples: int, batch: int,
         torch.manual_seed(0)
     strategy = _strategy(run)
     trainer = _trainer(world, strategy, callbacks, max_epochs=2 if path else 1,
-                       gradient_clip_val=run.get("clip"), enable_checkpointing=bool(
-                           run.get("save")))
+                       gradient_clip_val=run.get("clip"),
+                       gradient_clip_algorithm=run.get("clip_algorithm", "norm"),
+                       enable_checkpointing=bool(run.get("save")))
     trainer.fit(model, _loader(rank, run["pp"], run["dp"], run.get("tp", 1), samples, batch),
                 ckpt_path=path)
+    if run.get("evaluate"):  # validation and prediction of the first EVAL_SAMPLES samples
+        loader = _loader(rank, run["pp"], run["dp"], run.get("tp", 1), EVAL_SAMPLES,
+                         EVAL_BATCH)
+        trainer.validate(model, loader, verbose=False)
+        rec.preds = torch.cat(trainer.predict(model, loader))
     return rec, strategy, model
 
 
 def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, samples: int,
               ckpt_dir: str) -> dict[str, Any]:
     """Per run (``name``, ``pp``, ``dp``, ``tp``, ``schedule``, optional ``tie``, ``clip``,
-    ``encoder_tp``, ``lazy``, ``zero``, ``lssp``, ``reorder``, ``lssp_max_rows``, ``encoder``,
-    ``save``, ``resume``; see ``_fit``): losses, the encoder group plan's metrics,
-    first-step gradients and final hosted parameters (whole), the plain gradients as held,
-    this rank's plan and TP ranks, the parameter and optimizer-state bytes it holds."""
+    ``clip_algorithm``, ``encoder_tp``, ``lazy``, ``zero``, ``lssp``, ``reorder``,
+    ``lssp_max_rows``, ``encoder``, ``evaluate``, ``save``, ``resume``; see ``_fit``): losses,
+    the encoder group plan's metrics, first-step gradients and final hosted parameters
+    (whole), the plain gradients as held, validation outputs and predictions, this rank's plan
+    and TP ranks, the parameter and optimizer-state bytes it holds."""
     from lightning_omni.runtime.zero import state_bytes
 
     out: dict[str, Any] = {}
@@ -161,6 +185,7 @@ def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, sam
         hosted = strategy.engine.hosted_param_ids()
         out[run["name"]] = {
             "losses": rec.losses, "grads0": rec.grads0, "plain0": rec.plain0,
+            "val": rec.val, "preds": rec.preds,
             "params": {n: _full(p.detach()) for n, p in model.named_parameters()
                        if id(p) in hosted},
             "tp_rank": lay.tp_rank, "plan_rank": lay.rank,
