@@ -316,19 +316,17 @@ class OmniStrategy(DDPStrategy):
                             self.ulysses_backend, encoder_tp=self.encoder_tensor_parallel)
         engine.elsewhere = self._elsewhere
         module.__dict__["_omni_engine"] = (key, engine)
-        if layout.rank == 0:  # the same on every rank: said once per run
+        if layout.global_rank == 0:  # the same on every rank: said once per run
+            tp = (f" x tensor_parallel {layout.tp} (encoders at TP "
+                  f"{self.encoder_tensor_parallel})" if layout.tp > 1 else "")
             log.info("OmniStrategy layout: world size %d = pipeline_parallel %d x "
-                     "data_parallel %d; LLM blocks per stage %s; schedule %r, %d microbatches "
+                     "data_parallel %d%s; LLM blocks per stage %s; schedule %r, %d microbatches "
                      "per replica; lssp=%s, reorder=%s, zero_stage=%d, meta build materialized "
                      "per stage: %s",
-                     layout.world_size, layout.pp, layout.dp,
+                     layout.global_world_size, layout.pp, layout.dp, tp,
                      [hi - lo for lo, hi in layout.block_bounds], self.schedule,
                      self.num_microbatches, self.lssp, self.reorder, self.zero_stage,
                      self._built_here)
-            if layout.tp > 1:
-                log.info("OmniStrategy tensor parallel: %d processes per stage (world size "
-                         "%d), encoders at TP %d", layout.tp, layout.global_world_size,
-                         self.encoder_tensor_parallel)
         log.debug("rank %d: stage %d, replica %d, LLM blocks %s", layout.global_rank,
                   layout.stage, layout.replica, layout.block_bounds[layout.stage])
         if layout.tp > 1:

@@ -202,7 +202,7 @@ class OmniEngine:
             raise OmniRuntimeError("sync_parameters: the module is already sharded for tensor "
                                    "parallelism; call engine.sync_parameters(spec, ...) before "
                                    "building the OmniEngine")
-        sync_parameters(self.spec, self.timeout, self.layout.rank)
+        sync_parameters(self.spec, self.timeout, self.layout.global_rank)
 
     # -- first batch: checks, then drop the parts this rank does not host -------------------
     def _first_batch(self, batch: dict[str, Tensor], mode: StepMode,
@@ -343,7 +343,7 @@ class OmniEngine:
         try:
             return self._step(batch, mode, forward_context)
         except OmniRuntimeError as err:
-            raise OmniRuntimeError(f"rank {self.layout.rank}, {where} ({mode.value}): {err}"
+            raise OmniRuntimeError(f"rank {self.layout.global_rank}, {where} ({mode.value}): {err}"
                                    ) from err
 
     def _step(self, batch: dict[str, Tensor], mode: StepMode,

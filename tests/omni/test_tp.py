@@ -35,7 +35,7 @@ DP2_RESUME = {**DP2[0], "name": "dp2_zero_resume", "save": False, "resume": DP2[
 # every sample over 3 encoder rows runs sequence parallel (as in test_strategy_lssp)
 GROUPED = {"name": "dp2_lssp_reorder", "pp": 1, "dp": 2, "tp": 2, "encoder": "token",
            "schedule": "uniform_insertion", "encoder_tp": 1, "lssp": True, "reorder": True,
-           "lssp_max_rows": 3}
+           "lssp_max_rows": 3, "log": True}
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +151,13 @@ def test_tp2_dp2_lssp_and_reordering_with_replicated_encoders(runs):
            {n for n, _ in make_tp_model(0, encoder="token").named_parameters()})
     grouped = ranks[0][GROUPED["name"]]["grouped"]
     assert grouped["lssp/long_samples"] >= 4 and grouped["lssp/sp_degree_max"] == 2
+    # the strategy's step metrics, gathered over every process, reach Lightning's logger
+    logged = ranks[0][GROUPED["name"]]["logged"]
+    for key in ("omni/step_ms", "omni/bubble_fraction/stage0", "omni/predicted_step_ms",
+                "lssp/long_samples", "encoder/bytes_exchanged"):
+        assert len(logged[key]) == SAMPLES // BATCH and all(v >= 0 for v in logged[key]), key
+    torch.testing.assert_close(_f64(logged["omni/loss"]), _f64(ref["losses"]), rtol=1e-6,
+                               atol=0)
 
 
 @pytest.mark.parametrize("kwargs, words", [

@@ -121,7 +121,8 @@ def _loader(rank: int, pp: int, dp: int, tp: int, samples: int, batch: int) -> D
 
 
 def _trainer(world: int, strategy, callbacks: list, **kw: Any) -> pl.Trainer:
-    return pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, logger=False,
+    return pl.Trainer(accelerator="cpu", devices=world, strategy=strategy,
+                      logger=kw.pop("logger", False),
                       enable_checkpointing=kw.pop("enable_checkpointing", False),
                       enable_progress_bar=False, enable_model_summary=False,
                       callbacks=callbacks, use_distributed_sampler=False, **kw)
@@ -154,7 +155,12 @@ def _fit(rank: int, world: int, run: dict[str, Any], samples: int, batch: int,
     if run.get("lazy"):  # built in fit: from the seed, as the reference's model right after it
         torch.manual_seed(0)
     strategy = _strategy(run)
-    trainer = _trainer(world, strategy, callbacks, max_epochs=2 if path else 1,
+    if run.get("log"):  # the strategy's step metrics, through Lightning's CSV logger
+        kw = {"logger": pl.loggers.CSVLogger(ckpt_dir, name=run["name"], version=0),
+              "log_every_n_steps": 1}
+    else:
+        kw = {}
+    trainer = _trainer(world, strategy, callbacks, max_epochs=2 if path else 1, **kw,
                        gradient_clip_val=run.get("clip"),
                        gradient_clip_algorithm=run.get("clip_algorithm", "norm"),
                        enable_checkpointing=bool(run.get("save")))
@@ -172,10 +178,11 @@ def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, sam
               ckpt_dir: str) -> dict[str, Any]:
     """Per run (``name``, ``pp``, ``dp``, ``tp``, ``schedule``, optional ``tie``, ``clip``,
     ``clip_algorithm``, ``encoder_tp``, ``lazy``, ``zero``, ``lssp``, ``reorder``,
-    ``lssp_max_rows``, ``encoder``, ``evaluate``, ``save``, ``resume``; see ``_fit``): losses,
-    the encoder group plan's metrics, first-step gradients and final hosted parameters
-    (whole), the plain gradients as held, validation outputs and predictions, this rank's plan
-    and TP ranks, the parameter and optimizer-state bytes it holds."""
+    ``lssp_max_rows``, ``encoder``, ``evaluate``, ``log``, ``save``, ``resume``; see ``_fit``):
+    losses, the metrics logged (rank 0), the encoder group plan's metrics, first-step
+    gradients and final hosted parameters (whole), the plain gradients as held, validation
+    outputs and predictions, this rank's plan and TP ranks, the parameter and optimizer-state
+    bytes it holds."""
     from lightning_omni.runtime.zero import state_bytes
 
     out: dict[str, Any] = {}
@@ -191,10 +198,20 @@ def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, sam
             "tp_rank": lay.tp_rank, "plan_rank": lay.rank,
             "param_bytes": sum(_local(p).numel() * p.element_size() for p in model.parameters()),
             "optimizer": type(strategy.optimizers[0]).__name__,
+            "logged": _logged(ckpt_dir, run["name"]) if run.get("log") and rank == 0 else None,
             "grouped": (strategy.last_step.grouped.metrics()
                         if strategy.last_step.grouped is not None else None),
             "state_bytes": state_bytes(strategy.optimizers[0])}
     return out
+
+
+def _logged(ckpt_dir: str, name: str) -> dict[str, list[float]]:
+    """The CSV logger's columns (metric name -> its logged values)."""
+    import csv
+
+    with open(os.path.join(ckpt_dir, name, "version_0", "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    return {k: [float(r[k]) for r in rows if r.get(k)] for k in rows[0]} if rows else {}
 
 
 def _local(t: Tensor) -> Tensor:
