@@ -337,6 +337,83 @@ def report(res: dict) -> None:
           f"{'met' if res['met']['activation_recompute'] else 'MISSED'}")
 
 
+# -- tensor parallelism: the same model at PP2 x TP2 against PP2 x TP1 ----------------------------
+TP_TARGET = {"tp_param_ratio_max": 0.55}  # max TP2 rank / max TP1 rank, parameter bytes
+
+
+class TPBigModel(BigModel):
+    """BigModel with a tensor-parallel plan: vocabulary-parallel embedding and head (the loss
+    on vocabulary shards), the GPT blocks' plan (``tensor_parallel.gpt_tp_plan``: attention
+    and MLP column- then row-parallel); the encoder stays plain."""
+
+    def configure_omni(self) -> OmniSpec:
+        from dataclasses import replace
+
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        from lightning_omni.runtime.tensor_parallel import gpt_tp_plan
+
+        return replace(super().configure_omni(), tp_plan={
+            "embedding": {"": RowwiseParallel(input_layouts=Replicate())},
+            "blocks": gpt_tp_plan()["blocks"],
+            "head": {"": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}})
+
+
+def _tp_rank(rank: int, world: int, port: int, hidden: int, blocks: int, out_dir: str,
+             tp: int) -> None:
+    """One rank of PP2 x TP``tp``: parameter bytes it holds (local shards) after setup."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                      RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    measure = _Measure()
+    trainer = pl.Trainer(accelerator="cpu", devices=world, max_steps=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, use_distributed_sampler=False,
+                         callbacks=[measure],
+                         strategy=OmniStrategy(pipeline_parallel=2, data_parallel=1,
+                                               tensor_parallel=tp, num_microbatches=2))
+    data = torch.utils.data.DataLoader(_Loader(), batch_size=None)
+    trainer.fit(TPBigModel(hidden, blocks), data)
+    local = [getattr(p, "_local_tensor", p) for p in trainer.lightning_module.parameters()]
+    measure.out["param_bytes"] = sum(t.numel() * t.element_size() for t in local)
+    Path(out_dir, f"tp{tp}_rank{rank}.json").write_text(json.dumps(measure.out))
+
+
+def run_tp(hidden: int, blocks: int) -> dict:
+    """Parameter bytes per rank of the model at PP2 x TP2 (4 processes) and PP2 x TP1 (2)."""
+    out: dict = {"tp_layout": "PP2 x TP2 against PP2 x TP1, configure_model on the meta "
+                              "device (each rank materializes its stage, then shards it)"}
+    with tempfile.TemporaryDirectory() as out_dir:
+        for tp in (2, 1):
+            world = 2 * tp
+            mp.start_processes(_tp_rank, args=(world, _free_port(), hidden, blocks, out_dir,
+                                               tp), nprocs=world, start_method="spawn")
+            ranks = [json.loads(Path(out_dir, f"tp{tp}_rank{r}.json").read_text())
+                     for r in range(world)]
+            key = "tp_param_bytes_per_rank" if tp == 2 else "tp1_param_bytes_per_rank"
+            out[key] = [r["param_bytes"] for r in ranks]
+            out[key.replace("param_bytes", "setup_peak_rss_mb")] = [r["setup_peak_rss_mb"]
+                                                                    for r in ranks]
+    out["tp_param_ratio"] = (max(out["tp_param_bytes_per_rank"])
+                             / max(out["tp1_param_bytes_per_rank"]))
+    out["tp_targets"] = TP_TARGET
+    out["tp_met"] = out["tp_param_ratio"] <= TP_TARGET["tp_param_ratio_max"]
+    return out
+
+
+def report_tp(res: dict) -> None:
+    gb = 1e9
+    print(f"tensor parallel: {res['tp_layout']}")
+    for key, label in (("tp1_param_bytes_per_rank", "TP1 parameters GB"),
+                       ("tp_param_bytes_per_rank", "TP2 parameters GB")):
+        print(f"{label:28} " + " ".join(f"{b / gb:9.2f}" for b in res[key]))
+    print(f"{'tp_param_ratio':18} {res['tp_param_ratio']:.2f} (target <= "
+          f"{res['tp_targets']['tp_param_ratio_max']}): "
+          f"{'met' if res['tp_met'] else 'MISSED'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hidden", type=int, default=1536)
@@ -357,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         print("(--quick: at width 256 the imports dominate the RSS, so its target is for the "
               "full size)")
+    res.update(run_tp(args.hidden, args.blocks))
+    report_tp(res)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(res, indent=2))

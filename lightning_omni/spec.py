@@ -23,10 +23,15 @@ Batch conventions (a dict of tensors, all with the batch dimension first):
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 
 class OmniSpecError(ValueError):
@@ -59,6 +64,9 @@ class OmniSpec:
     metrics: Mapping[str, Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, Tensor]]] = \
         field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    # tensor-parallel plans by part ("embedding", "blocks": each block, "head", a modality's
+    # name: its encoder): module path -> torch ParallelStyle (see runtime.tensor_parallel)
+    tp_plan: Mapping[str, Mapping[str, ParallelStyle]] | None = None
 
     def validate(self, pipeline_parallel: int) -> None:
         """Static checks, before any data is seen."""
@@ -87,6 +95,10 @@ class OmniSpec:
         if self.block_costs is not None:
             _expect(len(self.block_costs) == len(blocks) and all(c > 0 for c in self.block_costs),
                     "block_costs", f"{len(blocks)} positive numbers", list(self.block_costs))
+        if self.tp_plan is not None:
+            from .runtime.tensor_parallel import check_tp_plan
+
+            check_tp_plan(self)
 
     def costs_of_blocks(self) -> list[float]:
         if self.block_costs is not None:
@@ -158,7 +170,8 @@ class OmniSpec:
         _expect(isinstance(logits, Tensor) and logits.shape[:2] == h.shape[:2], "head",
                 f"output [B, T, ...] with B, T = {tuple(h.shape[:2])}", _shape(logits))
         if with_loss and not run.elsewhere(self.head):
-            res = _call("loss", self.loss, logits, one)
+            with _loss_context(self):  # vocabulary-sharded logits under TP
+                res = _call("loss", self.loss, logits, one)
             _expect(isinstance(res, tuple) and len(res) == 2, "loss", "a (sum, count) pair",
                     type(res).__name__)
         return Probe(int(h.shape[-1]), feature_dtype, tuple(dtypes), tuple(logits.shape[2:]),
@@ -213,6 +226,14 @@ class _PartRunner:
         state.update({n: b.to("meta") for n, b in part.named_buffers()})
         meta = [a.to("meta") for a in args]
         return _call(name, lambda *a: torch.func.functional_call(part, state, a), *meta)
+
+
+def _loss_context(spec: OmniSpec) -> AbstractContextManager:
+    if spec.tp_plan is None:
+        return nullcontext()
+    from .runtime.tensor_parallel import loss_context
+
+    return loss_context(spec)
 
 
 def _call(name: str, part: Callable, *args: Tensor) -> object:

@@ -34,13 +34,14 @@ from .checks import check_module, check_precision, check_trainer
 from .plan.interleaved import check_interleaving
 from .plan.lssp_schedule import GroupOptions
 from .runtime import checkpoint as ckpt
-from .runtime.engine import SCHEDULES, OmniEngine, StepResult
+from .runtime.engine import SCHEDULES, OmniEngine, StepResult, sync_parameters
 from .runtime.executor import StepMode
 from .runtime.hosting import param_hosting
 from .runtime.layout import make_layout
 from .runtime.meta_init import InitRecording, MetaInitError, RecordInit, capture_rng, materialize
 from .runtime.metrics import step_metrics
 from .runtime.splittable import splittable_heads
+from .runtime.tp_stage import full, full_optimizer_state, reshard, reshard_optimizer_state
 from .runtime.ulysses import BACKENDS
 from .spec import OmniSpec, get_spec
 
@@ -90,6 +91,11 @@ class OmniStrategy(DDPStrategy):
             Megatron-LM's interleaved 1F1B; docs/omni/runtime.md). Above 1 it needs
             pipeline_parallel >= 2, num_microbatches a multiple of pipeline_parallel, at
             least pipeline_parallel * virtual_pipeline_parallel blocks.
+        tensor_parallel: processes per pipeline stage and replica, sharing the stage's
+            weights by the spec's ``tp_plan`` (DTensor ``parallelize_module``; TP innermost:
+            world = pipeline_parallel * data_parallel * tensor_parallel).
+        encoder_tensor_parallel: the encoders' TP degree: ``tensor_parallel`` (default) or 1
+            (encoders replicated over the TP group).
     """
 
     strategy_name = "omni"
@@ -104,8 +110,11 @@ class OmniStrategy(DDPStrategy):
                  ulysses_backend: str = "auto", zero_stage: int = 0, meta_init: bool = True,
                  recompute: bool = False, encoder_recompute: bool = False,
                  virtual_pipeline_parallel: int = 1,
+                 tensor_parallel: int = 1, encoder_tensor_parallel: int | None = None,
                  **kwargs: Any) -> None:
         positive_int("pipeline_parallel", pipeline_parallel)
+        positive_int("tensor_parallel", tensor_parallel)
+        positive_int("encoder_tensor_parallel", encoder_tensor_parallel, none_ok=True)
         positive_int("data_parallel", data_parallel, none_ok=True)
         one_of("schedule", schedule, SCHEDULES)
         positive_int("num_microbatches", num_microbatches, none_ok=True)
@@ -123,8 +132,12 @@ class OmniStrategy(DDPStrategy):
         positive_int("virtual_pipeline_parallel", virtual_pipeline_parallel)
         check_interleaving(pipeline_parallel, num_microbatches or 2 * pipeline_parallel,
                            virtual_pipeline_parallel, names=_INTERLEAVING_NAMES)
+        _check_tensor_parallel(tensor_parallel, encoder_tensor_parallel, lssp, reorder)
         super().__init__(timeout=timeout, **kwargs)
         self.virtual_pipeline_parallel = virtual_pipeline_parallel
+        self.tensor_parallel = tensor_parallel
+        self.encoder_tensor_parallel = (tensor_parallel if encoder_tensor_parallel is None
+                                        else encoder_tensor_parallel)
         self.zero_stage = zero_stage
         self.meta_init = meta_init
         self._init_recording: InitRecording | None = None
@@ -157,9 +170,14 @@ class OmniStrategy(DDPStrategy):
         return self.num_nodes * self.num_processes
 
     def setup_environment(self) -> None:
-        world = self._world()
-        dp = self.data_parallel or max(1, world // self.pipeline_parallel)
-        if self.pipeline_parallel * dp != world:
+        world, tp = self._world(), self.tensor_parallel
+        dp = self.data_parallel or max(1, world // (self.pipeline_parallel * tp))
+        if tp > 1 and self.pipeline_parallel * dp * tp != world:
+            raise ValueError(f"pipeline_parallel * data_parallel * tensor_parallel: expected the "
+                             f"world size {world} (devices * num_nodes), got "
+                             f"{self.pipeline_parallel} * {dp} * {tp} = "
+                             f"{self.pipeline_parallel * dp * tp}")
+        if self.pipeline_parallel * dp * tp != world:
             raise ValueError(f"pipeline_parallel * data_parallel: expected the world size {world} "
                              f"(devices * num_nodes), got {self.pipeline_parallel} * {dp} = "
                              f"{self.pipeline_parallel * dp}")
@@ -168,9 +186,9 @@ class OmniStrategy(DDPStrategy):
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        # every rank of a pipeline replica reads the same samples
+        # every rank of a pipeline replica (its stages and their TP ranks) reads the same samples
         return {"num_replicas": self.data_parallel or 1,
-                "rank": self.global_rank // self.pipeline_parallel}
+                "rank": self.global_rank // (self.pipeline_parallel * self.tensor_parallel)}
 
     # -- precision: Lightning's plugin, checked, with clipping over the whole model ----------
     @property
@@ -242,7 +260,7 @@ class OmniStrategy(DDPStrategy):
         spec.validate(self.pipeline_parallel)
         return make_layout(self._world(), self.global_rank, self.pipeline_parallel,
                            self.data_parallel, spec.costs_of_blocks(), self.stage_blocks,
-                           self.virtual_pipeline_parallel)
+                           vpp=self.virtual_pipeline_parallel, tp=self.tensor_parallel)
 
     # -- model: no wrapper; one engine per module and layout ----------------------------------
     def setup(self, trainer) -> None:
@@ -285,7 +303,13 @@ class OmniStrategy(DDPStrategy):
         inner = getattr(optimizer, "_optimizer", optimizer)
         if hasattr(inner, "consolidate_state_dict") and self.engine is not None:
             inner.consolidate_state_dict(to=0)
-            return inner.state_dict() if self.engine.layout.replica == 0 else {}
+            if self.engine.layout.replica != 0:
+                return {}
+            state = inner.state_dict()
+            # tensor parallel: whole tensors (every TP rank of replica 0's stage gathers)
+            return full_optimizer_state(state, inner) if self.tensor_parallel > 1 else state
+        if self.tensor_parallel > 1:  # whole tensors (every TP rank of the stage gathers)
+            return full(super().optimizer_state(optimizer))
         return super().optimizer_state(optimizer)
 
     def _engine_for(self, module) -> OmniEngine:
@@ -293,7 +317,8 @@ class OmniStrategy(DDPStrategy):
         layout keeps that one (its other stages' parameters are gone)."""
         key = (self._world(), self.global_rank, self.pipeline_parallel, self.data_parallel,
                self.schedule, self.num_microbatches, self.lssp, self.reorder,
-               self.virtual_pipeline_parallel)
+               self.virtual_pipeline_parallel, self.tensor_parallel,
+               self.encoder_tensor_parallel)
         if self.engine is not None:
             return self.engine
         previous = getattr(module, "_omni_engine", None)
@@ -308,27 +333,31 @@ class OmniStrategy(DDPStrategy):
             return previous[1]
         self.spec = get_spec(module)
         layout = self._meta_layout or self._layout(self.spec)
+        if not self._built_here:  # each rank built the whole module: take rank 0's values
+            sync_parameters(self.spec, self.omni_timeout, self.global_rank)  # before sharding
         engine = OmniEngine(self.spec, layout, self.schedule, self.num_microbatches,
                             self.omni_timeout, self.root_device, self._group_options(),
-                            self.ulysses_backend)
-        if not self._built_here:  # each rank built the whole module: take rank 0's values
-            engine.sync_parameters()
+                            self.ulysses_backend, encoder_tp=self.encoder_tensor_parallel)
         engine.elsewhere = self._elsewhere
         module.__dict__["_omni_engine"] = (key, engine)
-        if layout.rank == 0:  # the same on every rank: said once per run
+        if layout.global_rank == 0:  # the same on every rank: said once per run
             per = "stage" if layout.vpp == 1 else \
                 f"virtual stage ({layout.vpp} model chunks per stage)"
+            tp = (f" x tensor_parallel {layout.tp} (encoders at TP "
+                  f"{self.encoder_tensor_parallel})" if layout.tp > 1 else "")
             log.info("OmniStrategy layout: world size %d = pipeline_parallel %d x "
-                     "data_parallel %d; LLM blocks per %s %s; schedule %r, %d microbatches "
+                     "data_parallel %d%s; LLM blocks per %s %s; schedule %r, %d microbatches "
                      "per replica; lssp=%s, reorder=%s, zero_stage=%d, meta build materialized "
                      "per stage: %s",
-                     layout.world_size, layout.pp, layout.dp, per,
+                     layout.global_world_size, layout.pp, layout.dp, tp, per,
                      [hi - lo for lo, hi in layout.block_bounds], self.schedule,
                      self.num_microbatches, self.lssp, self.reorder, self.zero_stage,
                      self._built_here)
-        log.debug("rank %d: stage %d, replica %d, LLM blocks %s", layout.rank, layout.stage,
-                  layout.replica, layout.block_bounds[layout.stage] if layout.vpp == 1
-                  else layout.chunk_bounds(layout.stage))
+        log.debug("rank %d: stage %d, replica %d, LLM blocks %s", layout.global_rank,
+                  layout.stage, layout.replica, layout.chunk_bounds(layout.stage))
+        if layout.tp > 1:
+            log.debug("rank %d: TP rank %d of plan rank %d", layout.global_rank,
+                      layout.tp_rank, layout.rank)
         return engine
 
     def _group_options(self) -> GroupOptions | None:
@@ -343,6 +372,13 @@ class OmniStrategy(DDPStrategy):
             if len(locality) != world:
                 raise ValueError(f"locality_groups: expected one group id per rank ({world}), "
                                  f"got {len(locality)}")
+        tp = self.tensor_parallel
+        if tp > 1:  # the plan's ranks: one per TP group, which must sit in one locality group
+            groups = [locality[r:r + tp] for r in range(0, world, tp)]
+            if any(len(set(g)) > 1 for g in groups):
+                raise ValueError(f"locality_groups: expected the {tp} ranks of each tensor-"
+                                 f"parallel group in one locality group, got {list(locality)}")
+            locality = tuple(g[0] for g in groups)
         # only encoders that declare ``splittable_rows`` are split; others run unsplit (heads 0)
         heads = []
         for m in self.spec.modalities:
@@ -403,6 +439,10 @@ class OmniStrategy(DDPStrategy):
         for p, grad in self._step_grads:
             p.grad = grad
         self._step_grads = []
+        for opt in self.optimizers:  # ZeRO-1 under TP: the optimizer's local-shard gradients,
+            pull = getattr(getattr(opt, "_optimizer", opt), "pull_grads", None)  # for clipping
+            if pull is not None:  # by value (Lightning clips the optimizer's parameters)
+                pull()
         return self.precision_plugin.post_backward(closure_loss, module)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int, *args: Any) -> dict:
@@ -438,13 +478,16 @@ class OmniStrategy(DDPStrategy):
             return state
         hosted = self.engine.hosted_param_ids()
         params = dict(module.named_parameters())
-        return {k: v for k, v in state.items() if k not in params or id(params[k]) in hosted}
+        mine = {k: v for k, v in state.items() if k not in params or id(params[k]) in hosted}
+        # tensor parallel: full tensors, gathered by every TP rank of the stage in one order,
+        # so a checkpoint is the plain module's whatever the TP degree (consolidate, resume)
+        return full(mine) if self.tensor_parallel > 1 else mine
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
         if self.engine is None:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         layout = self.engine.layout
-        if layout.replica == 0:
+        if layout.replica == 0 and layout.tp_rank == 0:  # one writer per stage
             ckpt.write_shard(filepath, layout.stage, checkpoint)
         self.barrier("omni_save_shards")
         if self.is_global_zero:
@@ -468,13 +511,24 @@ class OmniStrategy(DDPStrategy):
                              "blocks of its own chunks); consolidate it "
                              "(lightning_omni.runtime.checkpoint.consolidate) to change the "
                              "layout")
-        return ckpt.read_shard(checkpoint_path, self.global_rank % self.pipeline_parallel)
+        stage = self.global_rank // self.tensor_parallel % self.pipeline_parallel
+        return ckpt.read_shard(checkpoint_path, stage)
 
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        """The stage's tensors into the module (full tensors cut into this rank's shards)."""
         module = self.lightning_module
         state = module.state_dict()
-        state.update(checkpoint["state_dict"])
+        state.update({k: reshard(v, state[k]) if k in state else v
+                      for k, v in checkpoint["state_dict"].items()})
         module.load_state_dict(state, strict=strict)
+
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        if self.tensor_parallel > 1:  # full tensors cut into this rank's shards
+            checkpoint = {**checkpoint, "optimizer_states": [
+                reshard_optimizer_state(state, getattr(opt, "_optimizer", opt))
+                for state, opt in zip(checkpoint["optimizer_states"], self.optimizers,
+                                      strict=False)]}
+        super().load_optimizer_state_dict(checkpoint)
 
     def remove_checkpoint(self, filepath) -> None:
         if self.is_global_zero:
@@ -486,14 +540,32 @@ class OmniStrategy(DDPStrategy):
 
 
 def _describe(key: tuple) -> str:
-    world, rank, pp, dp, schedule, micro, lssp, reorder, vpp = key
+    world, rank, pp, dp, schedule, micro, lssp, reorder, vpp, tp, enc_tp = key
     return (f"rank {rank} of {world}, pipeline_parallel={pp}, data_parallel={dp}, "
             f"schedule={schedule!r}, num_microbatches={micro}, lssp={lssp}, reorder={reorder}, "
-            f"virtual_pipeline_parallel={vpp}")
+            f"virtual_pipeline_parallel={vpp}, tensor_parallel={tp}, "
+            f"encoder_tensor_parallel={enc_tp}")
 
 
 # OmniStrategy's names for plan.interleaved.check_interleaving's arguments
 _INTERLEAVING_NAMES = ("pipeline_parallel", "num_microbatches", "virtual_pipeline_parallel")
+
+
+def _check_tensor_parallel(tp: int, encoder_tp: int | None, lssp: bool, reorder: bool
+                           ) -> None:
+    """What tensor parallelism does not combine with yet, refused before any process starts."""
+    if encoder_tp is not None and encoder_tp not in (1, tp):
+        fail("encoder_tensor_parallel", f"1 (encoders replicated over the TP group) or "
+             f"tensor_parallel={tp} (encoder lanes of fewer ranks are not implemented)",
+             encoder_tp)
+    if tp == 1:
+        return
+    for name, on in (("lssp", lssp), ("reorder", reorder)):
+        if on and encoder_tp != 1:
+            raise ValueError(f"{name}=True with tensor_parallel={tp}: expected "
+                             f"encoder_tensor_parallel=1, got {encoder_tp or tp}: encoder group "
+                             "work (LSSP / grouped reordering) runs on whole encoders, the same "
+                             "on every TP rank; TP-sharded encoders do not run it yet")
 
 
 class _GlobalClipping:

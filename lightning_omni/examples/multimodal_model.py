@@ -18,11 +18,18 @@ from .multimodal_data import AUD, AUDIO_DIM, IMAGE_DIM, IMG, SEQ_LEN, VOCAB
 
 
 class GptBlock(nn.Module):
-    """Pre-norm causal self-attention and an MLP ``mlp_ratio`` times as wide as the stream."""
+    """Pre-norm causal self-attention and an MLP ``mlp_ratio`` times as wide as the stream.
+
+    The fused ``qkv`` output is laid out head by head (``[heads, 3, head_dim]``) and the
+    forward counts the heads from the tensor, so that a tensor-parallel shard of ``qkv``'s
+    output rows (``ColwiseParallel``, see ``runtime.tensor_parallel.gpt_tp_plan``) holds whole
+    heads with their q, k and v and the block runs unchanged on it."""
 
     def __init__(self, hidden: int, heads: int, mlp_ratio: int = 4) -> None:
         super().__init__()
-        self.heads = heads
+        if hidden % heads:
+            raise ValueError(f"hidden: expected a multiple of heads ({heads}), got {hidden}")
+        self.heads, self.head_dim = heads, hidden // heads
         self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.out = nn.Linear(hidden, hidden)
@@ -30,11 +37,11 @@ class GptBlock(nn.Module):
                                  nn.Linear(mlp_ratio * hidden, hidden))
 
     def forward(self, h: Tensor) -> Tensor:
-        b, t, d = h.shape
-        q, k, v = self.qkv(self.ln1(h)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        b, t, _ = h.shape
+        q, k, v = self.qkv(self.ln1(h)).view(b, t, -1, 3, self.head_dim).unbind(3)
         a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                            v.transpose(1, 2), is_causal=True)
-        h = h + self.out(a.transpose(1, 2).reshape(b, t, d))
+        h = h + self.out(a.transpose(1, 2).reshape(b, t, -1))
         return h + self.mlp(self.ln2(h))
 
 
@@ -179,4 +186,17 @@ class MultimodalCaptioner(CaptionSteps):
             modalities=[Modality(name, enc, name, f"{name}_len", tid)
                         for name, enc, tid in self.modalities()],
             embedding=self.embed, blocks=list(self.blocks), head=self.head, loss=caption_loss,
-            metrics=METRICS)
+            metrics=METRICS, tp_plan=multimodal_tp_plan(self.modalities()))
+
+
+def multimodal_tp_plan(modalities) -> dict:
+    """Tensor-parallel plans of the captioner's parts: ``gpt_tp_plan`` for the LLM and
+    ``token_encoder_tp_plan`` for each ``TokenEncoder`` (applied when OmniStrategy runs
+    with TP; see ``runtime.tensor_parallel``)."""
+    from ..runtime.tensor_parallel import gpt_tp_plan, token_encoder_tp_plan
+
+    plan = gpt_tp_plan()
+    for name, encoder, _ in modalities:
+        if isinstance(encoder, TokenEncoder):
+            plan[name] = token_encoder_tp_plan()
+    return plan

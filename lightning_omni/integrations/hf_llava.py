@@ -170,10 +170,66 @@ def llava_spec(model: nn.Module, **spec_kwargs: Any) -> OmniSpec:
     text = language.config
     blocks = [LlavaDecoderLayer(layer, language.rotary_emb, text)
               for layer in language.layers[: text.num_hidden_layers]]
+    if "tp_plan" not in spec_kwargs:
+        try:
+            spec_kwargs["tp_plan"] = llava_tp_plan(config, vision)
+        except OmniSpecError as err:  # fine without TP; OmniStrategy refuses TP with the reason
+            spec_kwargs["tp_plan"] = None
+            spec_kwargs["extra"] = {**spec_kwargs.get("extra", {}), "tp_plan_error": str(err)}
     return OmniSpec(
         modalities=[Modality("image", encoder, PATCHES, PATCHES_LEN, config.image_token_id)],
         embedding=language.embed_tokens, blocks=blocks,
         head=LlavaHead(language.norm, lm_head), loss=causal_lm_loss, **spec_kwargs)
+
+
+# transformers' TP style names -> torch styles (the ones its decoder plans use for dense layers)
+_HF_STYLES = ("colwise", "rowwise")
+_DECODER_PREFIX = "layers.*."
+TOWERS = ("siglip_vision_model", "clip_vision_model")
+
+
+def llava_tp_plan(config: Any, vision_tower: nn.Module) -> dict[str, dict[str, Any]]:
+    """``OmniSpec.tp_plan`` of ``llava_spec``'s parts.
+
+    Decoder layers: the text config's own ``base_model_tp_plan`` (its ``layers.*.`` entries,
+    ``"colwise"`` / ``"rowwise"`` as torch's column- and row-parallel styles; transformers'
+    Llama and Qwen2 attention count heads from the tensor, so a shard of whole heads runs
+    unchanged). Vision tower (SigLIP, CLIP): q/k/v and fc1 column-, out_proj and fc2
+    row-parallel; the projector likewise; patch and position embeddings, norms replicated.
+    Token embedding vocabulary-parallel, ``lm_head`` with vocabulary-sharded logits.
+    Raises ``OmniSpecError`` for a plan entry it does not translate."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    text = config.text_config
+    hf_plan = dict(getattr(text, "base_model_tp_plan", None) or {})
+    if not hf_plan:
+        raise OmniSpecError(f"text_config: expected a base_model_tp_plan (transformers' TP "
+                            f"plan of {type(text).__name__}), got none")
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    block: dict[str, Any] = {}
+    for key, name in hf_plan.items():
+        if not key.startswith(_DECODER_PREFIX) or name not in _HF_STYLES:
+            raise OmniSpecError(
+                f"{type(text).__name__}.base_model_tp_plan[{key!r}]: expected a decoder-layer "
+                f"entry ({_DECODER_PREFIX!r}...) with a style among {list(_HF_STYLES)}, got "
+                f"{name!r}")
+        block["layer." + key[len(_DECODER_PREFIX):]] = styles[name]()
+    tower = config.vision_config.model_type
+    if tower not in TOWERS:
+        raise OmniSpecError(f"vision_config.model_type: expected one of {list(TOWERS)} for a "
+                            f"TP plan, got {tower!r}")
+    inner = "vision_model." if hasattr(vision_tower, "vision_model") else ""
+    layers = f"vision_tower.{inner}encoder.layers.*."
+    encoder = {**{f"{layers}self_attn.{p}_proj": ColwiseParallel() for p in "qkv"},
+               f"{layers}self_attn.out_proj": RowwiseParallel(),
+               f"{layers}mlp.fc1": ColwiseParallel(), f"{layers}mlp.fc2": RowwiseParallel(),
+               "projector.linear_1": ColwiseParallel(), "projector.linear_2": RowwiseParallel()}
+    return {"embedding": {"": RowwiseParallel(input_layouts=Replicate())},
+            "blocks": block,
+            "head": {"lm_head": ColwiseParallel(output_layouts=Shard(-1),
+                                                use_local_output=False)},
+            "image": encoder}
 
 
 def image_tokens(image_size: int, patch_size: int, has_cls: bool, select_strategy: str) -> int:

@@ -44,8 +44,7 @@ def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
     why: list[str] = []
     if _pooled(system, scenario):
         why.append("a separate encoder pool: OmniStrategy runs the encoders on the LLM's ranks")
-    if cfg.tp > 1 or cfg.encoder_tp > 1:
-        why.append("tensor parallelism: OmniStrategy has pipeline and data parallelism only")
+    why += _tensor_parallel_refusals(system, cfg, scenario)
     if cfg.vpp > 1:
         why += _interleaving_limits(cfg, scenario)
     stage_layers = _stage_layers(scenario.llm.layers, cfg.pp, cfg.stage0_layer_fraction)
@@ -80,6 +79,9 @@ def launch(system: str, cfg: ParallelConfig, scenario: Scenario) -> Launch:
         kwargs["encoder_recompute"] = True
     if cfg.vpp > 1:
         kwargs["virtual_pipeline_parallel"] = cfg.vpp
+    if cfg.tp > 1:
+        kwargs["tensor_parallel"] = cfg.tp
+        kwargs["encoder_tensor_parallel"] = cfg.encoder_tp
     return Launch(True, (), kwargs)
 
 
@@ -96,6 +98,29 @@ def _interleaving_limits(cfg: ParallelConfig, scenario: Scenario) -> list[str]:
     return why
 
 
+def _tensor_parallel_refusals(system: str, cfg: ParallelConfig, scenario: Scenario
+                              ) -> list[str]:
+    """Why OmniStrategy cannot run this layout's tensor parallelism as the plan prices it:
+    the runtime shards the encoders over the whole TP group or not at all, and runs LSSP /
+    grouped reordering on whole encoders only."""
+    tp, etp = cfg.tp, cfg.encoder_tp
+    if tp == 1 and etp == 1:
+        return []
+    if etp > tp:
+        return [f"tensor parallelism: encoder TP {etp} above the LLM's TP {tp}; OmniStrategy "
+                "shards the encoders over the LLM's TP group at most"]
+    if etp < tp:
+        return [f"tensor parallelism: encoder TP {etp} below the LLM's TP {tp}; the plan prices "
+                f"{tp // etp} encoder lanes per TP group, each encoding its own samples, while "
+                "OmniStrategy shards the encoders over the whole TP group or replicates them "
+                "(every TP rank encoding the same samples)"]
+    if system == "omni" and not {"lssp", "reorder"} <= set(scenario.omni_off):
+        return [f"tensor parallelism with LSSP / grouped reordering: OmniStrategy runs encoder "
+                f"group work on whole encoders only (encoder_tensor_parallel=1), while the plan "
+                f"shards them at encoder TP {etp}"]
+    return []
+
+
 def runnable_systems(systems: tuple[str, ...] | list[str], scenario: Scenario) -> list[str]:
     """The systems of which some layout can run (not a separate encoder pool)."""
     return [s for s in systems if not _pooled(s, scenario)]
@@ -103,7 +128,9 @@ def runnable_systems(systems: tuple[str, ...] | list[str], scenario: Scenario) -
 
 def runnable_grid(grid: Grid) -> Grid:
     """``grid`` narrowed to what OmniStrategy runs: TP1, every stage with LLM layers, equal
-    replicas (recompute and model chunks per rank stay choices). Raises if nothing is left."""
+    replicas (recompute and model chunks per rank stay choices). Raises if nothing is left.
+    (TP layouts run only at the encoders' TP and, for Omni, without LSSP/reorder, which a grid
+    cannot express: ``launch`` says which.)"""
     narrowed = replace(grid, tp=tuple(t for t in grid.tp if t == 1),
                        stage0_fractions=tuple(f for f in grid.stage0_fractions if f > 0),
                        min_stage_layers=1, equal_replicas=True)

@@ -41,8 +41,10 @@ from ..spec import OmniSpec, Probe
 from .alltoall import SubgroupCache
 from .executor import StageExecutor, StepMode, StepRecord, split_microbatches
 from .failures import OmniRuntimeError, communicating
-from .hosting import Hosting, all_buffers, encoder_stages, param_hosting
+from .hosting import Hosting, all_buffers, all_parameters, encoder_stages, param_hosting
 from .layout import Layout
+from .tensor_parallel import local, loss_context
+from .tp_stage import StageTP, apply_tensor_parallel, counted_in_norm, make_meshes
 
 SCHEDULES = ("encoder_first_stage", "uniform_insertion")
 
@@ -96,20 +98,54 @@ class StepResult:
     outputs: Tensor | None = None  # PREDICT: the head's output for this replica's batch
 
 
+def sync_parameters(spec: OmniSpec, timeout: timedelta, rank: int = 0) -> None:
+    """Give every rank global rank 0's parameters and buffers (as DDP does at wrap time),
+    so stages and replicas start from the one module the plain run would build, even
+    when each rank built it from its own random state. Called before any rank shards or
+    drops what it hosts, and before a checkpoint is restored."""
+    tensors = [*all_parameters(spec), *all_buffers(spec)]
+    with torch.no_grad():
+        for dtype in dict.fromkeys(t.dtype for t in tensors):
+            same = [t for t in tensors if t.dtype == dtype]
+            flat = torch.cat([t.detach().reshape(-1) for t in same])
+            with communicating(f"rank {rank}: broadcast of rank 0's parameters", timeout):
+                dist.broadcast(flat, src=0)
+            offset = 0
+            for t in same:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+
 class OmniEngine:
-    """Owns this rank's executor and the per-step protocol around it."""
+    """Owns this rank's executor and the per-step protocol around it.
+
+    With ``layout.tp > 1`` it shards the parts this rank hosts first (``tp_stage``; every
+    process must hold rank 0's full values by then: ``sync_parameters``), and hosting, groups
+    and the executor are built over the sharded module. ``encoder_tp``: the encoders' TP
+    degree (default ``layout.tp``)."""
 
     def __init__(self, spec: OmniSpec, layout: Layout, schedule: str, num_microbatches: int,
                  timeout: timedelta, device: torch.device,
                  group_options: GroupOptions | None = None,
-                 ulysses_backend: str = "auto") -> None:
+                 ulysses_backend: str = "auto", encoder_tp: int | None = None) -> None:
         one_of("schedule", schedule, SCHEDULES)
         positive_int("num_microbatches", num_microbatches)
         self.spec, self.layout, self.schedule = spec, layout, schedule
         self.num_microbatches, self.timeout, self.device = num_microbatches, timeout, device
-        self.hosting: Hosting = param_hosting(spec, layout, schedule)
         self.encoder_ranks = tuple(sorted(d * layout.pp + s for d in range(layout.dp)
                                           for s in encoder_stages(schedule, layout.pp)))
+        self.tp: StageTP | None = None
+        self.loss_context: Callable[[], AbstractContextManager] = nullcontext
+        if layout.tp > 1:
+            encoder_tp = layout.tp if encoder_tp is None else encoder_tp
+            if group_options is not None and encoder_tp != 1:
+                raise ValueError(f"encoder_tensor_parallel: expected 1 with lssp or reorder "
+                                 f"(encoder group work runs on whole encoders, the same on "
+                                 f"every TP rank), got {encoder_tp}")
+            self.tp = make_meshes(layout, encoder_tp, device)
+            apply_tensor_parallel(spec, layout, self.owns_encoders(), self.tp)
+            self.loss_context = lambda: loss_context(spec)
+        self.hosting: Hosting = param_hosting(spec, layout, schedule)
         self.executor: StageExecutor | None = None
         self.probe: Probe | None = None
         self.steps = 0  # steps run by this engine (any mode), for error messages
@@ -131,15 +167,26 @@ class OmniEngine:
             self.executor.recompute, self.executor.encoder_recompute = llm, encoder
 
     def _new_group(self, ranks: tuple[int, ...]) -> object:
-        if len(ranks) == self.layout.world_size:
+        """The process group of plan ranks ``ranks`` at this process's TP rank (None for one
+        rank). Every process creates the group of every TP rank, in the same order."""
+        lay = self.layout
+        if len(ranks) <= 1:
+            return None
+        if lay.tp == 1 and len(ranks) == lay.world_size:
             return dist.group.WORLD
-        return dist.new_group(list(ranks), timeout=self.timeout) if len(ranks) > 1 else None
+        mine = None
+        for t in range(lay.tp):
+            group = dist.new_group(list(lay.tp_slice(ranks, t)), timeout=self.timeout)
+            if t == lay.tp_rank:
+                mine = group
+        return mine
 
     def _make_groups(self) -> dict[tuple[int, ...], object]:
-        """Process groups for the plan's collectives and for every set of ranks holding the
-        same parameters, created in the same order on every rank."""
+        """Process groups (keyed by plan ranks) for the plan's collectives and for every set
+        of ranks holding the same parameters, created in the same order on every rank."""
         lay = self.layout
-        groups: dict[tuple[int, ...], object] = {tuple(range(lay.world_size)): dist.group.WORLD}
+        every = tuple(range(lay.world_size))
+        groups: dict[tuple[int, ...], object] = {every: self._new_group(every)}
         wanted = [lay.stage_group(s) for s in range(lay.pp)]
         wanted += [self.encoder_ranks, *self.hosting.groups()]
         for ranks in wanted:
@@ -161,39 +208,35 @@ class OmniEngine:
                     if ranks not in self.groups:
                         self.groups[ranks] = self._new_group(ranks)
                     g = self.groups[ranks]
-                    if lay.rank in ranks and g is not None:
-                        cache.add(ranks, g)
+                    if lay.rank in ranks and g is not None:  # keyed by process ranks
+                        cache.add(lay.tp_slice(ranks, lay.tp_rank), g)
         return cache
 
     def owns_encoders(self) -> bool:
         return self.layout.rank in self.encoder_ranks
 
-    @torch.no_grad()
     def sync_parameters(self) -> None:
-        """Give every rank global rank 0's parameters and buffers (as DDP does at wrap time),
-        so stages and replicas start from the one module the plain run would build, even
-        when each rank built it from its own random state. Called before any rank drops
-        what it does not host, and before a checkpoint is restored."""
-        tensors = [*self.hosting.params, *all_buffers(self.spec)]
-        for dtype in dict.fromkeys(t.dtype for t in tensors):
-            same = [t for t in tensors if t.dtype == dtype]
-            flat = torch.cat([t.detach().reshape(-1) for t in same])
-            with communicating(f"rank {self.layout.rank}: broadcast of rank 0's parameters",
-                               self.timeout):
-                dist.broadcast(flat, src=0)
-            offset = 0
-            for t in same:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
+        """``sync_parameters`` of this engine's spec (without tensor parallelism: with it the
+        module is sharded by now; sync before building the engine)."""
+        if self.tp is not None:
+            raise OmniRuntimeError("sync_parameters: the module is already sharded for tensor "
+                                   "parallelism; call engine.sync_parameters(spec, ...) before "
+                                   "building the OmniEngine")
+        sync_parameters(self.spec, self.timeout, self.layout.global_rank)
 
     # -- first batch: checks, then drop the parts this rank does not host -------------------
     def _first_batch(self, batch: dict[str, Tensor], mode: StepMode,
                      forward_context: Callable[[], AbstractContextManager]) -> None:
+        elsewhere = self.elsewhere
+        if self.tp is not None:  # parts hosted elsewhere run on meta (they may hold a tie's
+            held = {id(p) for p in self.hosting.held()}  # DTensor, see tp_stage); a meta
+            elsewhere = {**{id(p): tuple(p.shape) for p in self.hosting.params  # build's
+                            if id(p) not in held}, **elsewhere}  # shapes are the true ones
         with forward_context():
             self.probe = self.spec.check_shapes(batch, with_loss=mode != StepMode.PREDICT,
-                                                elsewhere=self.elsewhere)
+                                                elsewhere=elsewhere)
         ex = StageExecutor(self.spec, self.layout, self.groups, self.probe, self.device,
-                           self.timeout, self.hosting, self.encoder_ranks)
+                           self.timeout, self.hosting, self.encoder_ranks, self.loss_context)
         keep = {id(p) for p in ex.owned_params()}
         with torch.inference_mode(False):  # the first batch may come in a validation loop
             for p in self.hosting.params:
@@ -232,7 +275,10 @@ class OmniEngine:
     def clip_grad_norm(self, max_norm: float) -> Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over the whole model: each parameter's gradient
         enters the norm once (on its lowest holder; replicas and tied copies hold equal
-        gradients), one all-reduce sums the squares, every holder scales by the same factor."""
+        gradients), one all-reduce sums the squares, every holder scales by the same factor.
+        With tensor parallelism each process adds its local shards (``counted_in_norm``)."""
+        if self.tp is not None:
+            return self._clip_tp(max_norm)
         grads = [p.grad for p in self.hosting.counted_here() if p.grad is not None]
         square = (torch.nn.utils.get_total_norm(grads, 2.0).to(torch.float64) ** 2 if grads
                   else torch.zeros((), dtype=torch.float64, device=self.device))
@@ -243,6 +289,24 @@ class OmniEngine:
         if held:
             total = total.to(held[0].grad.dtype)
             torch.nn.utils.clip_grads_with_norm_(held, max_norm, total)
+        return total
+
+    @torch.no_grad()
+    def _clip_tp(self, max_norm: float) -> Tensor:
+        lay = self.layout
+        grads = [local(p.grad) for p in self.hosting.counted_here()
+                 if p.grad is not None and counted_in_norm(p, lay)]
+        square = (torch.nn.utils.get_total_norm(grads, 2.0).to(torch.float64) ** 2 if grads
+                  else torch.zeros((), dtype=torch.float64, device=self.device))
+        with communicating("all-reduce of the gradient norm over all ranks", self.timeout):
+            dist.all_reduce(square)
+        total = square.sqrt()
+        held = [local(p.grad) for p in self.hosting.held() if p.grad is not None]
+        if held:  # as clip_grads_with_norm_, on the local shards
+            total = total.to(held[0].dtype)
+            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+            for g in held:
+                g.mul_(coef.to(g.device))
         return total
 
     # -- one step ---------------------------------------------------------------------------
@@ -263,19 +327,21 @@ class OmniEngine:
         return tuple(tuple(tuple(row) for row in c.tolist()) for c in cols)
 
     def _gather(self, local: tuple) -> list:
-        """Every rank's step metadata; the stages of a replica must have read the same."""
+        """Every rank's step metadata; the stages (and TP ranks) of a replica must have read
+        the same."""
         lay = self.layout
-        everyone: list = [None] * lay.world_size
+        everyone: list = [None] * lay.global_world_size
         with communicating("all-gather of the step's sample metadata over all ranks",
                            self.timeout):
             dist.all_gather_object(everyone, local)
+        per_replica = lay.pp * lay.tp  # processes of one replica (global ranks, in a row)
         for r, got in enumerate(everyone):
-            first = (r // lay.pp) * lay.pp
+            first = (r // per_replica) * per_replica
             if got != everyone[first]:
                 raise ValueError(f"batch: rank {r} loaded other samples than rank {first} of the "
                                  "same pipeline replica; every stage of a replica must read the "
                                  "replica's shard (the same batches in the same order)")
-        return [everyone[d * lay.pp] for d in range(lay.dp)]
+        return [everyone[d * per_replica] for d in range(lay.dp)]
 
     def _microbatches(self, batch: dict[str, Tensor], mode: StepMode) -> list[dict[str, Tensor]]:
         """Training splits into ``num_microbatches`` equal parts (the step equals one large
@@ -298,7 +364,7 @@ class OmniEngine:
         try:
             return self._step(batch, mode, forward_context)
         except OmniRuntimeError as err:
-            raise OmniRuntimeError(f"rank {self.layout.rank}, {where} ({mode.value}): {err}"
+            raise OmniRuntimeError(f"rank {self.layout.global_rank}, {where} ({mode.value}): {err}"
                                    ) from err
 
     def _step(self, batch: dict[str, Tensor], mode: StepMode,
@@ -348,12 +414,12 @@ class OmniEngine:
         else:
             shape = (*batch[self.spec.tokens].shape, *probe.logits_shape)
             out = torch.empty(shape, dtype=probe.logits_dtype, device=self.device)
-        last = lay.peer(lay.pp - 1)
+        last = lay.to_global(lay.peer(lay.pp - 1))
         for s in range(lay.pp - 1):
+            peer = lay.to_global(lay.peer(s))
             if lay.is_last:
-                with communicating(f"send of the head's output to rank {lay.peer(s)}",
-                                   self.timeout):
-                    dist.send(out, lay.peer(s))
+                with communicating(f"send of the head's output to rank {peer}", self.timeout):
+                    dist.send(out, peer)
             elif lay.stage == s:
                 with communicating(f"recv of the head's output from rank {last}", self.timeout):
                     dist.recv(out, last)
@@ -363,9 +429,11 @@ class OmniEngine:
                 grouped: GroupedPlan | None, mode: StepMode) -> StepResult:
         """Global loss, metrics and count; gradients normalized by the count."""
         assert self.executor is not None
-        local = torch.tensor([[record.loss, record.count]], dtype=torch.float64,
-                             device=self.device)
-        totals = torch.cat([local, self.executor.metric_sums()])
+        mine = torch.tensor([[record.loss, record.count]], dtype=torch.float64,
+                            device=self.device)
+        totals = torch.cat([mine, self.executor.metric_sums()])
+        if self.layout.tp_rank != 0:  # the TP group's processes hold the same loss: count once
+            totals.zero_()
         with communicating("all-reduce of the loss over all ranks", self.timeout):
             dist.all_reduce(totals)
         loss_sum, count = (float(v) for v in totals[0].cpu())

@@ -24,6 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from ..plan.lssp_schedule import GroupedPlan
 from ..plan.messages import message_posts
@@ -37,6 +38,8 @@ from .lssp_exec import build_exec_plan, run_lssp_microbatch
 from .memory import SavedTensorMeter
 from .recompute import checkpointed, encoder_layers
 from .step_state import ChunkKey, Posted, StepMode, StepState
+from .tensor_parallel import full_logits, like, local
+from .tp_stage import sharded_grad
 
 __all__ = ["StageExecutor", "StepMode", "StepRecord", "rows_of", "split_microbatches"]
 
@@ -88,8 +91,12 @@ class StageExecutor:
 
     def __init__(self, spec: OmniSpec, layout: Layout, groups: dict[tuple[int, ...], object],
                  probe: Probe, device: torch.device, timeout: timedelta,
-                 hosting: Hosting, encoder_ranks: tuple[int, ...]) -> None:
+                 hosting: Hosting, encoder_ranks: tuple[int, ...],
+                 loss_context: Callable[[], AbstractContextManager] = nullcontext) -> None:
         self.spec, self.layout, self.groups, self.probe = spec, layout, groups, probe
+        # entered around the loss and its backward (tensor parallel: e.g. ``loss_parallel``
+        # when the head's output is vocabulary-sharded)
+        self.loss_context = loss_context
         self.hidden, self.dtype = probe.hidden, probe.feature_dtype
         self.device, self.timeout, self.hosting = device, timeout, hosting
         # this rank's blocks, per model chunk (one chunk unless the pipeline is interleaved)
@@ -121,6 +128,7 @@ class StageExecutor:
                     continue
                 self._plan_reduce.setdefault(key, []).append(p)
         self.meter = SavedTensorMeter(held)
+        self._tp_params = [p for p in held if isinstance(p, DTensor)]
         self.cache: SubgroupCache | None = None  # encoder group process groups (LSSP/reorder)
         self.ulysses_backend = "auto"
         # activation recomputation in training steps (runtime/recompute.py): every LLM block
@@ -189,7 +197,7 @@ class StageExecutor:
                 with self.meter.hooks(), forward_context():
                     res = self._llm_fwd(a)
                 if res is not None:
-                    loss_sum += res[0].detach().to(torch.float64)
+                    loss_sum += local(res[0].detach()).to(torch.float64)
                     count += torch.as_tensor(res[1], dtype=torch.float64)
             elif a.kind == Kind.LLM_BWD:
                 self._llm_bwd(a)
@@ -214,6 +222,8 @@ class StageExecutor:
                                    f"never received {list(st.inbox)[:4]} by the plan")
         if mode == StepMode.TRAIN:
             self._reduce_shared()
+            for p in self._tp_params:  # gradients sharded like their parameters
+                p.grad = sharded_grad(p)
         seconds = time.perf_counter() - t_step
         return StepRecord(float(loss_sum), float(count), seconds, busy, self.meter.peak,
                           [(a, t0 - t_step, t1 - t_step) for a, t0, t1 in timings],
@@ -290,8 +300,10 @@ class StageExecutor:
             mine = sorted(g for g, o in w.owner[k].items() if o == j)
             x = mb[mod.inputs]
             inputs = {g: x[g - first, :w.lengths[k][g]] for g in mine}
+            # the group's processes at this TP rank (TP: each TP rank runs the same work)
+            members = self.layout.tp_slice(w.members, self.layout.tp_rank)
             with self._encoder_recomputing(mod.encoder):
-                res = run_lssp_microbatch(mod.encoder, ex, inputs, w.members, cache=self.cache,
+                res = run_lssp_microbatch(mod.encoder, ex, inputs, members, cache=self.cache,
                                           backend=self.ulysses_backend, row_shape=x.shape[2:],
                                           out_dim=self.hidden, dtype=x.dtype)
             self._step.bytes_sent += res.bytes_sent
@@ -376,14 +388,16 @@ class StageExecutor:
             return None
         logits = self.spec.head(h)
         if self._step.mode == StepMode.PREDICT:
-            self._step.outputs.append(logits.detach())
+            self._step.outputs.append(full_logits(logits.detach()))
             return None
-        total, count = self.spec.loss(logits, mb)
+        with self.loss_context():
+            total, count = self.spec.loss(logits, mb)
         if self._step.mode == StepMode.TRAIN:
             self._step.stage_out[key] = total
         with torch.no_grad():
+            whole = full_logits(logits.detach()) if self.spec.metrics else None  # TP: gathered once
             for name, fn in self.spec.metrics.items():
-                value, n = fn(logits.detach(), mb)
+                value, n = fn(whole, mb)
                 sums = self._step.metric_sums.setdefault(name, [])
                 sums.append(torch.stack([torch.as_tensor(value, dtype=torch.float64),
                                          torch.as_tensor(n, dtype=torch.float64)]))
@@ -402,7 +416,8 @@ class StageExecutor:
         key, _, last = self._chunk(a)
         out = self._step.stage_out.pop(key)
         if last:
-            out.backward()
+            with self.loss_context():
+                out.backward()
         else:
             torch.autograd.backward(out, self._step.grad_in.pop(key))
 
@@ -448,13 +463,14 @@ class StageExecutor:
         for a in group:
             key = message_key(self.layout.rank, a)
             with communicating(self._what(a), self.timeout):
+                peer = self.layout.to_global(a.peer)  # the peer's process at our TP rank
                 if a.kind == Kind.SEND:
                     t = self._step.outbox.pop(key)
-                    self._step.pending[key] = Posted(dist.isend(t, a.peer), t, a)
+                    self._step.pending[key] = Posted(dist.isend(t, peer), t, a)
                 else:
                     buf = torch.empty(self._recv_shape(a), dtype=self._recv_dtype(a),
                                       device=self.device)
-                    self._step.inbox[key] = Posted(dist.irecv(buf, a.peer), buf, a)
+                    self._step.inbox[key] = Posted(dist.irecv(buf, peer), buf, a)
 
     def _recv(self, a: Action) -> None:
         work, buf, _ = self._step.inbox.pop(message_key(self.layout.rank, a))
@@ -495,9 +511,12 @@ class StageExecutor:
             self._sum_grads(params, holders, "all-reduce of parameters shared between stages")
 
     def _sum_grads(self, params: list[Tensor], group: tuple[int, ...], what: str) -> None:
+        """Sum the gradients of ``params`` over plan ranks ``group`` (with tensor parallelism:
+        each process's local shards, over the processes of its TP rank)."""
         if len(group) <= 1 or not params:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        grads = [local(sharded_grad(p)) if p.grad is not None else torch.zeros_like(local(p))
+                 for p in params]
         # one more element per parameter counts the holders that had a gradient: a parameter
         # no holder used keeps ``grad=None`` as in the plain run (a zero gradient would still
         # move it under weight decay and Adam's moments)
@@ -508,7 +527,7 @@ class StageExecutor:
             dist.all_reduce(flat, group=self.groups[tuple(group)])
         offset = 0
         used = flat[-len(params):].tolist()
-        for p, holders in zip(params, used, strict=True):
-            n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone() if holders else None
+        for p, g, holders in zip(params, grads, used, strict=True):
+            n = g.numel()
+            p.grad = like(flat[offset:offset + n].view_as(g).clone(), p) if holders else None
             offset += n

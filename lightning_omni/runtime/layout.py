@@ -1,4 +1,12 @@
-"""Where a rank sits: its data-parallel replica and pipeline stage, and which blocks it hosts.
+"""Where a rank sits: its data-parallel replica, pipeline stage and tensor-parallel rank, and
+which blocks it hosts.
+
+Plans, hosting and the executor work on *plan ranks* (``replica * pp + stage``), one per
+(replica, stage) pair, exactly as without tensor parallelism. Each plan rank is ``tp`` processes
+(its TP group, innermost): ``global rank = plan_rank * tp + tp_rank``. The ``tp`` processes of a
+plan rank run the same plan on the same samples, each with its own shard of the stage's
+tensor-parallel weights, so every collective and message of the plan happens once per TP rank,
+between the processes of the same ``tp_rank`` (``global_rank``).
 
 With ``vpp`` model chunks per rank (an interleaved pipeline) the blocks are cut into
 ``pp * vpp`` virtual stages; virtual stage ``k = chunk * pp + stage`` is chunk ``chunk`` of the
@@ -16,7 +24,8 @@ from lightning_omnilab.validate import positive_int
 
 @dataclass(frozen=True)
 class Layout:
-    """Ranks are numbered replica by replica: ``rank = replica * pp + stage``."""
+    """Plan ranks are numbered replica by replica: ``rank = replica * pp + stage``;
+    ``world_size = pp * dp`` plan ranks (the process world is ``world_size * tp``)."""
 
     world_size: int
     rank: int
@@ -24,6 +33,8 @@ class Layout:
     dp: int  # data-parallel replicas (``OmniStrategy(data_parallel=)``)
     block_bounds: tuple[tuple[int, int], ...]  # [lo, hi) per virtual stage (chunk * pp + stage)
     vpp: int = 1  # model chunks per rank (``OmniStrategy(virtual_pipeline_parallel=)``)
+    tp: int = 1  # processes per plan rank (``OmniStrategy(tensor_parallel=)``)
+    tp_rank: int = 0  # this process's place in its plan rank's TP group
 
     @property
     def stage(self) -> int:
@@ -42,8 +53,30 @@ class Layout:
         return self.stage == self.pp - 1
 
     def peer(self, stage: int) -> int:
-        """Global rank of ``stage`` in this rank's replica."""
+        """Plan rank of ``stage`` in this rank's replica."""
         return self.replica * self.pp + stage
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank in the process world."""
+        return self.rank * self.tp + self.tp_rank
+
+    @property
+    def global_world_size(self) -> int:
+        return self.world_size * self.tp
+
+    def to_global(self, plan_rank: int) -> int:
+        """The process of ``plan_rank`` with this process's ``tp_rank`` (the one this process
+        exchanges messages and plan collectives with)."""
+        return plan_rank * self.tp + self.tp_rank
+
+    def tp_slice(self, plan_ranks: Sequence[int], tp_rank: int) -> tuple[int, ...]:
+        """Global ranks of ``plan_ranks`` at ``tp_rank``."""
+        return tuple(r * self.tp + tp_rank for r in plan_ranks)
+
+    def tp_group(self) -> tuple[int, ...]:
+        """Global ranks of this plan rank's TP group."""
+        return tuple(self.rank * self.tp + t for t in range(self.tp))
 
     def stage_group(self, stage: int) -> tuple[int, ...]:
         """Ranks hosting ``stage`` in every replica (its data-parallel group)."""
@@ -60,10 +93,14 @@ class Layout:
 
 def make_layout(world_size: int, rank: int, pp: int, dp: int,
                 block_costs: Sequence[float], stage_blocks: Sequence[int] | None = None,
-                vpp: int = 1) -> Layout:
-    """Check the parallel sizes against the world and cut the blocks into ``pp * vpp``
-    (virtual) stages."""
-    if pp < 1 or dp < 1 or pp * dp != world_size:
+                vpp: int = 1, tp: int = 1) -> Layout:
+    """Check the parallel sizes against the process world (``world_size`` processes, this one
+    global ``rank``) and cut the blocks into ``pp * vpp`` (virtual) stages."""
+    if tp != 1:
+        if tp < 1 or pp < 1 or dp < 1 or pp * dp * tp != world_size:
+            raise ValueError(f"pipeline_parallel * data_parallel * tensor_parallel: expected the "
+                             f"world size {world_size}, got {pp} * {dp} * {tp} = {pp * dp * tp}")
+    elif pp < 1 or dp < 1 or pp * dp != world_size:
         raise ValueError(f"pipeline_parallel * data_parallel: expected the world size "
                          f"{world_size}, got {pp} * {dp} = {pp * dp}")
     positive_int("virtual_pipeline_parallel", vpp)
@@ -85,7 +122,7 @@ def make_layout(world_size: int, rank: int, pp: int, dp: int,
     for c in counts:
         bounds.append((lo, lo + c))
         lo += c
-    return Layout(world_size, rank, pp, dp, tuple(bounds), vpp)
+    return Layout(pp * dp, rank // tp, pp, dp, tuple(bounds), vpp, tp, rank % tp)
 
 
 def partition_blocks(costs: Sequence[float], parts: int) -> list[int]:

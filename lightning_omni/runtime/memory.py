@@ -3,7 +3,7 @@
 On CPU there is no allocator statistic per purpose; the tensors autograd saves for backward are
 what a pipeline stage accumulates while microbatches are in flight, so they are what we count.
 Parameters saved by an op (a linear layer saves its weight) are not activations and are skipped;
-a storage saved twice counts once.
+a storage saved twice counts once. A DTensor (tensor parallelism) counts its local shard.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ class SavedTensorMeter:
     """Live and peak bytes of saved activations; use ``meter.hooks()`` around forward code."""
 
     def __init__(self, params: list[Tensor]) -> None:
-        self._param_ptrs = {p.untyped_storage().data_ptr() for p in params if p.numel()}
+        self._param_ptrs = {_local(p).untyped_storage().data_ptr() for p in params
+                            if _local(p).numel()}
         self._refs: dict[int, int] = {}
         self.live = 0
         self.peak = 0
@@ -31,7 +32,7 @@ class SavedTensorMeter:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: Tensor) -> object:
-        storage = t.untyped_storage()
+        storage = _local(t).untyped_storage()
         ptr = storage.data_ptr()
         if ptr in self._param_ptrs or storage.nbytes() == 0:
             return t
@@ -52,6 +53,12 @@ class SavedTensorMeter:
     @staticmethod
     def _unpack(obj: object) -> Tensor:
         return obj.tensor if isinstance(obj, _Held) else obj
+
+
+def _local(t: Tensor) -> Tensor:
+    """A DTensor's local shard (its storage is the process's memory), a tensor as it is."""
+    inner = getattr(t, "_local_tensor", None)  # DTensor, without importing torch.distributed
+    return inner if isinstance(inner, Tensor) else t
 
 
 class _Held:

@@ -20,11 +20,12 @@ if TYPE_CHECKING:
     from .layout import Layout
 
 
-def gather_timings(result: StepResult) -> list[list[tuple[Action, float, float]]]:
-    """Every rank's (action, start, end) list, on every rank."""
+def gather_timings(result: StepResult, tp: int = 1) -> list[list[tuple[Action, float, float]]]:
+    """Every plan rank's (action, start, end) list, on every rank (with tensor parallelism:
+    TP rank 0's of each plan rank)."""
     out: list = [None] * dist.get_world_size()
     dist.all_gather_object(out, result.record.timings)
-    return out
+    return out[::tp]
 
 
 def measured_costs(plan: Schedule, timings: list[list[tuple[Action, float, float]]]) -> StepCosts:
@@ -63,12 +64,13 @@ def step_metrics(result: StepResult, layout: Layout) -> dict[str, float]:
     mine = torch.tensor([rec.seconds, rec.busy_seconds, float(rec.peak_saved_bytes),
                          float(rec.cuda_peak_bytes), float(rec.bytes_sent)],
                         dtype=torch.float64)
-    rows = [torch.zeros_like(mine) for _ in range(layout.world_size)]
+    rows = [torch.zeros_like(mine) for _ in range(layout.global_world_size)]
     if dist.get_backend() == "nccl":  # NCCL collectives need device tensors
         dev = torch.device("cuda", torch.cuda.current_device())
         mine, rows = mine.to(dev), [r.to(dev) for r in rows]
     dist.all_gather(rows, mine)
-    timings = gather_timings(result)
+    rows = rows[::layout.tp]  # per plan rank: its TP rank 0 (the plan's rank)
+    timings = gather_timings(result, layout.tp)
     step = max(float(r[0]) for r in rows)
     metrics = {"omni/loss": float(result.loss),
                "omni/step_ms": 1e3 * step,

@@ -20,11 +20,16 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class EncoderBlock(nn.Module):
+    """Pre-norm attention and MLP. The fused ``qkv`` output is laid out head by head
+    (``[heads, 3, head_dim]``) and the heads are counted from the tensor, so a tensor-parallel
+    shard of its rows holds whole heads (``tensor_parallel.token_encoder_tp_plan``); the
+    attention then sees this rank's heads, which Ulysses may shard further."""
+
     def __init__(self, dim: int, heads: int, mlp_ratio: int = 2) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim: expected a multiple of heads ({heads}), got {dim}")
-        self.heads = heads
+        self.heads, self.head_dim = heads, dim // heads
         self.norm1 = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -33,9 +38,9 @@ class EncoderBlock(nn.Module):
                                  nn.Linear(mlp_ratio * dim, dim))
 
     def forward(self, x: torch.Tensor, attention: Attention) -> torch.Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).reshape(b, s, 3, self.heads, d // self.heads).unbind(2)
-        x = x + self.proj(attention(q, k, v).reshape(b, s, d))
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, s, -1, 3, self.head_dim).unbind(3)
+        x = x + self.proj(attention(q, k, v).reshape(b, s, -1))
         return x + self.mlp(self.norm2(x))
 
 

@@ -15,6 +15,7 @@ import inspect
 import warnings
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
@@ -24,17 +25,55 @@ with warnings.catch_warnings():  # torch.distributed.optim scripts its functiona
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
+class LocalShardZero(ZeroRedundancyOptimizer):
+    """ZeRO-1 under tensor parallelism: ``ZeroRedundancyOptimizer`` over each DTensor
+    parameter's local shard (a plain tensor sharing the DTensor's storage), since it flattens,
+    partitions and broadcasts plain tensors. Every replica at the same TP rank holds the same
+    shard, so the stage's data-parallel group at this TP rank shards its optimizer state as
+    without TP. ``step`` first hands each shard its parameter's local gradient (after the
+    closure, so after clipping); the update lands in the DTensor's storage."""
+
+    def __init__(self, groups: list[dict], shards: list[tuple[Tensor, Tensor]],
+                 **kwargs) -> None:
+        self.shards = shards  # (DTensor parameter, its local shard) pairs
+        super().__init__(groups, **kwargs)
+
+    def pull_grads(self) -> None:
+        """Each shard's gradient: its parameter's local gradient (sharing its storage, so that
+        clipping either one clips both)."""
+        for param, shard in self.shards:
+            shard.grad = None if param.grad is None else param.grad.to_local()
+
+    def step(self, closure=None, **kwargs):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.pull_grads()
+        super().step(**kwargs)
+        return loss
+
+    def shard_of(self) -> dict[int, Tensor]:
+        """Local shard (by id) -> its DTensor parameter."""
+        return {id(shard): param for param, shard in self.shards}
+
+
 def shard_optimizer(optimizer: Optimizer, held: Sequence[Tensor], group: object
                     ) -> ZeroRedundancyOptimizer:
     """``optimizer`` over this rank's held parameters, its state sharded over ``group``.
     Param groups keep their hyperparameters (including an LR scheduler's ``initial_lr``);
-    groups with no held parameter are dropped."""
+    groups with no held parameter are dropped. DTensor parameters (tensor parallelism) enter
+    as their local shards (``LocalShardZero``)."""
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         return optimizer
+    from torch.distributed.tensor import DTensor
+
     mine = {id(p) for p in held}
+    shards = {id(p): p.to_local().detach().requires_grad_(p.requires_grad)
+              for p in held if isinstance(p, DTensor)}
     groups = []
     for g in optimizer.param_groups:
-        params = [p for p in g["params"] if id(p) in mine]
+        params = [shards.get(id(p), p) for p in g["params"] if id(p) in mine]
         if params:
             groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": params})
     if not groups:
@@ -43,8 +82,12 @@ def shard_optimizer(optimizer: Optimizer, held: Sequence[Tensor], group: object
     if any(optimizer.state.values()):
         raise ValueError(f"optimizer: expected a fresh {type(optimizer).__name__} (no state "
                          "yet) to shard with zero_stage=1, got one that has already stepped")
-    return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer),
-                                   process_group=group, **_constructor_defaults(optimizer))
+    kwargs = {"optimizer_class": type(optimizer), "process_group": group,
+              **_constructor_defaults(optimizer)}
+    if shards:
+        pairs = [(p, shards[id(p)]) for p in held if id(p) in shards]
+        return LocalShardZero(groups, pairs, **kwargs)
+    return ZeroRedundancyOptimizer(groups, **kwargs)
 
 
 def _constructor_defaults(optimizer: Optimizer) -> dict:

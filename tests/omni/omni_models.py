@@ -129,7 +129,9 @@ class OmniToy(pl.LightningModule):
             modalities=[Modality("image", self.image_encoder, "image", "image_len", IMG),
                         Modality("audio", self.audio_encoder, "audio", "audio_len", AUD)],
             embedding=self.embed, blocks=list(self.blocks), head=self.head, loss=loss_terms,
-            metrics={"acc": accuracy_terms})
+            metrics={"acc": accuracy_terms},
+            tp_plan=example.multimodal_tp_plan((("image", self.image_encoder, IMG),
+                                                ("audio", self.audio_encoder, AUD))))
 
 
 class LoggingToy(OmniToy):

@@ -46,6 +46,7 @@ def test_runnable_layouts_map_to_strategy_arguments():
     ("megatron", ParallelConfig(1, 4, 2, vpp=2), _scenario(global_batch=6),
      "no multiple of pp"),
     ("megatron", ParallelConfig(1, 4, 2, vpp=4), _scenario(), "virtual stage without"),
+    ("omni", ParallelConfig(2, 4, 1, encoder_tp=2), _scenario(), "LSSP"),
     ("megatron", ParallelConfig(1, 2, 4, stage0_layer_fraction=0.0), _scenario(),
      "without LLM layers"),
     ("omni", ParallelConfig(1, 1, 8), _scenario(global_batch=12), "does not divide"),
@@ -72,6 +73,8 @@ def test_recompute_layouts_launch_with_recompute(system):
         kw = dict(verdict.strategy_kwargs)
         assert (kw.pop("recompute", False), kw.pop("encoder_recompute", False)) == (rec, enc)
         assert kw == plain
+
+
 def test_interleaved_layouts_launch_with_their_chunks():
     from lightning_omni import OmniStrategy
 
@@ -83,6 +86,22 @@ def test_interleaved_layouts_launch_with_their_chunks():
         assert strategy.virtual_pipeline_parallel == 2 and strategy.num_microbatches == 2
     assert "virtual_pipeline_parallel" not in launch("megatron", ParallelConfig(1, 2, 4),
                                                      _scenario()).strategy_kwargs
+
+
+def test_tensor_parallel_layouts_launch_where_the_runtime_runs_them():
+    """TP at the encoders' degree (ZeRO-1 over DP too), no LSSP/reorder for Omni: the
+    strategy's TP arguments."""
+    from lightning_omni import OmniStrategy
+
+    mega = launch("megatron", ParallelConfig(2, 2, 2, encoder_tp=2), _scenario())
+    assert mega.runnable, mega.why_not
+    assert (mega.strategy_kwargs["tensor_parallel"], mega.strategy_kwargs["zero_stage"],
+            mega.strategy_kwargs["encoder_tensor_parallel"]) == (2, 1, 2)
+    omni = launch("omni", ParallelConfig(2, 4, 1, encoder_tp=2),
+                  _scenario(off=("lssp", "reorder")))
+    assert omni.runnable and omni.strategy_kwargs["schedule"] == "uniform_insertion"
+    strategy = OmniStrategy(**omni.strategy_kwargs)
+    assert (strategy.tensor_parallel, strategy.encoder_tensor_parallel) == (2, 2)
 
 
 def test_runnable_grid_yields_only_runnable_layouts():
