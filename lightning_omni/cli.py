@@ -30,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where plots and the JSON summary go (default: ./omni_plan_out)")
     p.add_argument("--no-plots", action="store_true", help="print the table only")
     p.add_argument("--runnable-only", action="store_true",
-                   help="search only layouts OmniStrategy can launch today (TP1, "
-                        "encoders on the LLM's ranks)")
+                   help="search only layouts OmniStrategy can launch today "
+                        "(plan.runnable.launch: encoders on the LLM's ranks; TP only at "
+                        "the encoders' TP, for Omni only with LSSP/reorder ablated)")
     return p
 
 

@@ -4,7 +4,8 @@ The planner prices a wider space than the runtime executes (tensor parallelism, 
 encoder pool), because the baselines it compares against use them. This file is the one place
 that says which planned layouts the runtime can run and
 why the others cannot, so that ``omni-plan`` marks its predictions and can search only the
-launchable ones (``--runnable-only``).
+launchable ones (``--runnable-only``: ``runnable_grid`` filters the search's candidates by
+``launch``).
 """
 
 from __future__ import annotations
@@ -126,15 +127,22 @@ def runnable_systems(systems: tuple[str, ...] | list[str], scenario: Scenario) -
     return [s for s in systems if not _pooled(s, scenario)]
 
 
+def runs(system: str, cfg: ParallelConfig, scenario: Scenario) -> bool:
+    """Whether OmniStrategy runs this layout: ``launch``'s verdict, as a grid filter."""
+    return launch(system, cfg, scenario).runnable
+
+
 def runnable_grid(grid: Grid) -> Grid:
-    """``grid`` narrowed to what OmniStrategy runs: TP1, every stage with LLM layers, equal
-    replicas (recompute and model chunks per rank stay choices). Raises if nothing is left.
-    (TP layouts run only at the encoders' TP and, for Omni, without LSSP/reorder, which a grid
-    cannot express: ``launch`` says which.)"""
-    narrowed = replace(grid, tp=tuple(t for t in grid.tp if t == 1),
-                       stage0_fractions=tuple(f for f in grid.stage0_fractions if f > 0),
-                       min_stage_layers=1, equal_replicas=True)
+    """``grid`` searching exactly the layouts ``launch`` accepts: every candidate it
+    enumerates is kept only if ``launch(...).runnable`` (``Grid.admits``), so TP layouts stay
+    where the runtime runs them (encoder TP = TP; for Omni, only with LSSP and grouped
+    reordering ablated) and recompute and model chunks per rank stay choices. The grid's own
+    rules (LLM layers on every stage, equal replicas) prune before pricing. Raises if no
+    layout can be left (no TP choice, or only stage-0 fractions of 0)."""
+    narrowed = replace(grid, stage0_fractions=tuple(f for f in grid.stage0_fractions if f > 0),
+                       min_stage_layers=1, equal_replicas=True, admits=runs)
     if not narrowed.tp or not narrowed.stage0_fractions:
-        raise ValueError(f"grid: expected tp 1 and a stage-0 fraction > 0 among the choices "
-                         f"for --runnable-only, got {grid}")
+        raise ValueError(f"grid: expected a TP degree and a stage-0 fraction > 0 among the "
+                         f"choices for --runnable-only, got tp={list(grid.tp)}, "
+                         f"stage0_fractions={list(grid.stage0_fractions)}")
     return narrowed

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lightning_omnilab.validate import is_int
@@ -38,6 +38,9 @@ class Grid:
     # stage, and a DP degree that divides the global batch (equal microbatches per replica)
     min_stage_layers: int = 0
     equal_replicas: bool = False
+    # the last word of a runtime on each enumerated layout, (system, layout, scenario) -> keep
+    # it (``runnable.runnable_grid`` passes ``launch(...).runnable``); None keeps every layout
+    admits: Callable[[str, ParallelConfig, Scenario], bool] | None = None
 
 
 DEFAULT_GRID = Grid()
@@ -72,7 +75,8 @@ def candidate_configs(system: str, scenario: Scenario,
                       grid: Grid = DEFAULT_GRID) -> list[ParallelConfig]:
     """Every layout the grid search may pick for ``system`` (same grid for all systems where
     the system has the dimension). ``encoder_pools`` restricts the encoder pool sizes of a
-    system with a pool (disaggregated; Omni without multiplexing)."""
+    system with a pool (disaggregated; Omni without multiplexing); ``grid.admits`` drops the
+    layouts a runtime refuses."""
     _require(system in SYSTEMS, "system", f"one of {SYSTEMS}", system)
     n = scenario.num_gpus
     out = []
@@ -117,6 +121,8 @@ def candidate_configs(system: str, scenario: Scenario,
                                                               enc_recompute, cut, v))
             if system == "megatron":
                 out += _separate_encoder_stage(scenario, grid, tp, n, enc_tps)
+    if grid.admits is not None:
+        out = [c for c in out if grid.admits(system, c, scenario)]
     return out
 
 

@@ -104,25 +104,45 @@ def test_tensor_parallel_layouts_launch_where_the_runtime_runs_them():
     assert (strategy.tensor_parallel, strategy.encoder_tensor_parallel) == (2, 2)
 
 
-def test_runnable_grid_yields_only_runnable_layouts():
+def test_runnable_grid_searches_exactly_the_layouts_launch_accepts():
+    """``--runnable-only`` keeps the grid's TP choices and drops, layout by layout, what
+    ``launch`` refuses: the same set as the full grid filtered by ``launch``, TP > 1 where
+    the runtime runs it (Megatron-like at encoder TP = TP; Omni only with LSSP and grouped
+    reordering ablated), and every kept layout's arguments build an ``OmniStrategy``."""
+    from lightning_omni import OmniStrategy
+
     grid = runnable_grid(DEFAULT_GRID)
-    assert grid.tp == (1,) and grid.recompute == DEFAULT_GRID.recompute
-    assert (True, True) in grid.recompute
+    assert grid.tp == DEFAULT_GRID.tp and grid.recompute == DEFAULT_GRID.recompute
     assert grid.vpp == DEFAULT_GRID.vpp  # model chunks per rank stay a choice
-    interleaved = set()
-    for sc in (_scenario(), _scenario(global_batch=12)):  # PP8 of 8 layers; DP8 of 12
+    interleaved, tensor_parallel = set(), set()
+    plain, ablated = _scenario(), _scenario(off=("lssp", "reorder"))
+    # PP8 of 8 layers; DP8 of 12; Omni without LSSP/reorder
+    for sc in (plain, _scenario(global_batch=12), ablated):
         for system in runnable_systems(("megatron", "disaggregated", "omni"), sc):
             configs = candidate_configs(system, sc, grid=grid)
             assert configs, system
-            assert all(launch(system, c, sc).runnable for c in configs), system
+            full = [c for c in candidate_configs(system, sc) if launch(system, c, sc).runnable]
+            assert configs == full, system
+            for c in configs:
+                kwargs = launch(system, c, sc).strategy_kwargs
+                strategy = OmniStrategy(**kwargs)
+                assert (strategy.pipeline_parallel, strategy.data_parallel) == (c.pp, c.dp)
+                if c.tp > 1:
+                    assert (strategy.tensor_parallel, strategy.encoder_tensor_parallel) == \
+                        (c.tp, c.encoder_tp)
             interleaved |= {system for c in configs if c.vpp > 1}
+            tensor_parallel |= {(system, sc.omni_off) for c in configs if c.tp > 1}
     assert interleaved == {"megatron", "omni"}
-    sc = _scenario()
-    # the full grid has layouts the runtime cannot run
-    assert not all(launch("omni", c, sc).runnable for c in candidate_configs("omni", sc))
-    assert runnable_systems(("megatron", "disaggregated", "omni"), sc) == ["megatron", "omni"]
-    with pytest.raises(ValueError, match="grid: expected tp 1"):
-        runnable_grid(Grid(tp=(2, 4)))
+    assert tensor_parallel == {("megatron", ()), ("megatron", ("lssp", "reorder")),
+                               ("omni", ("lssp", "reorder"))}
+    # the full grid has layouts the runtime cannot run, TP ones among them
+    refused = [c for c in candidate_configs("omni", plain)
+               if not launch("omni", c, plain).runnable]
+    assert any(c.tp > 1 for c in refused)
+    assert runnable_systems(("megatron", "disaggregated", "omni"), plain) == ["megatron", "omni"]
+    for bad in (Grid(tp=()), Grid(stage0_fractions=(0.0,))):
+        with pytest.raises(ValueError, match="grid: expected a TP degree and a stage-0"):
+            runnable_grid(bad)
 
 
 def test_strategy_accepts_the_planned_arguments():
@@ -170,7 +190,51 @@ def test_omni_plan_marks_and_restricts_to_runnable_layouts(tmp_path, capsys):
     assert "skipping Disaggregated" in text and "disaggregated" not in summary
     for system in ("megatron", "omni"):
         assert summary[system][0]["launch"]["runnable"]
-        assert "TP1" in summary[system][0]["config"]
+    assert "TP1" in summary["omni"][0]["config"]  # LSSP on: Omni's TP layouts do not run
     run = {r["system"]: r for r in summary["run"]}
     assert run["omni"]["launch"]["strategy_kwargs"]["schedule"] == "uniform_insertion"
     assert "launch: OmniStrategy(pipeline_parallel=" in text
+
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "omni_plan"
+
+
+@pytest.mark.parametrize("recipe", ["workload_a_vit1b_llama12b.yaml",
+                                    "workload_c_vit10b_llama70b.yaml"])
+def test_runnable_only_plans_the_paper_workloads(tmp_path, capsys, recipe):
+    """``omni-plan --runnable-only`` on the paper's workloads: Omni and Megatron-like each
+    get a layout that runs, whose arguments build an ``OmniStrategy``, and that fits where
+    the planner says so. The recipe's own keys are cut to one mix and two sampled steps to
+    keep it fast (models, cluster, batch and phases as the recipe)."""
+    from lightning_omni import OmniStrategy
+
+    workload = yaml.safe_load((RECIPES / recipe).read_text())
+    workload["mixture"]["ratios"] = [0.5]
+    workload["mixture"].pop("timeline_ratio", None)
+    workload["run"]["sampled_steps"] = len(workload["run"]["phases"])
+    path = tmp_path / recipe
+    path.write_text(yaml.safe_dump(workload))
+    out = tmp_path / "out"
+    assert main([str(path), "--no-plots", "--out-dir", str(out), "--runnable-only"]) == 0
+    text = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    cap = H100_80G.memory_cap_bytes / 1e9
+    assert "disaggregated" not in summary
+    rows = [(s, summary[s][0]) for s in ("megatron", "omni")]
+    rows += [(r["system"], dict(r, oom=not r["fits_design"] or r["oom_steps"] > 0,
+                                config=r["layout"])) for r in summary["run"]]
+    assert sorted(s for s, _ in rows) == ["megatron", "megatron", "omni", "omni"]
+    for system, row in rows:
+        verdict = row["launch"]
+        assert verdict["runnable"] and verdict["why_not"] == [], (system, row["config"])
+        strategy = OmniStrategy(**verdict["strategy_kwargs"])
+        assert f"TP{strategy.tensor_parallel} PP{strategy.pipeline_parallel}" in row["config"]
+        assert f"DP{strategy.data_parallel}" in row["config"]
+        if not row["oom"]:
+            assert row["peak_memory_gb"] <= cap, (system, row)
+    labels = {"megatron": "Megatron-like", "omni": "Omni"}
+    for system, row in rows:  # the table's "runs" cell, just before the layout
+        lines = [ln for ln in text.splitlines() if f" {labels[system]} " in f" {ln}"
+                 and ln.endswith(f"  {row['config']}")]
+        assert lines and all(ln.endswith(f" yes   {row['config']}") for ln in lines), lines
+    assert "runs no" not in text
