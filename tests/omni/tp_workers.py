@@ -4,6 +4,7 @@ gloo ranks (several layouts per spawn) and the plain single-process run they mus
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -36,26 +37,38 @@ class LazyTPToy(_EncoderPlan, LazyToy):
     pass
 
 
-def make_tp_model(seed: int = 0, lazy: bool = False, **kw: Any) -> OmniToy:
+def make_tp_model(seed: int = 0, lazy: bool = False, dtype: torch.dtype = torch.float64,
+                  **kw: Any) -> OmniToy:
     torch.manual_seed(seed)
     if lazy:
-        return LazyTPToy(dtype=torch.float64, **kw)
-    return TPToy(**kw).to(torch.float64)
+        return LazyTPToy(dtype=dtype, **kw)
+    return TPToy(**kw).to(dtype)
+
+
+def _dtype(precision: str | None) -> torch.dtype:
+    """The module's and the data's dtype: float64, or float32 under bf16-mixed (autocast)."""
+    return torch.float64 if precision is None else torch.float32
 
 
 def reference(steps: int, batch: int, samples: int, clip: float | None = None,
-              clip_algorithm: str = "norm", **kw: Any) -> dict[str, Any]:
+              clip_algorithm: str = "norm", precision: str | None = None,
+              **kw: Any) -> dict[str, Any]:
     """The plain module on one process: its own training_step on the global batch, Adam,
     ``clip_grad_norm_`` (or ``clip_grad_value_``) over all parameters when ``clip``, as
     Lightning's gradient_clip_val; first-step gradients as the optimizer sees them (after
-    clipping)."""
-    model = make_tp_model(0, **kw)
+    clipping). ``precision="bf16-mixed"``: a float32 module, the step under CPU bf16 autocast
+    (as Lightning's plugin runs it)."""
+    from contextlib import nullcontext
+
+    model = make_tp_model(0, dtype=_dtype(precision), **kw)
     opt = model.configure_optimizers()
     losses, grads0 = [], None
-    batches = global_batches(ToyData(samples), batch)
+    batches = global_batches(ToyData(samples, dtype=_dtype(precision)), batch)
     for i in range(steps):
         opt.zero_grad()
-        loss = model.training_step(batches[i % len(batches)], i)
+        with (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed"
+              else nullcontext()):
+            loss = model.training_step(batches[i % len(batches)], i)
         loss.backward()
         if clip is not None and clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(model.parameters(), clip)
@@ -67,6 +80,8 @@ def reference(steps: int, batch: int, samples: int, clip: float | None = None,
         opt.step()
     from lightning_omni.runtime.zero import state_bytes
 
+    if precision is not None:  # no evaluation outputs (the tests compare float64 ones only)
+        return {"losses": losses, "grads0": grads0}
     with torch.no_grad():  # the trained model's validation outputs and predictions
         evals = [model.validation_step(b, i) for i, b in
                  enumerate(global_batches(ToyData(EVAL_SAMPLES), EVAL_BATCH))]
@@ -114,8 +129,9 @@ class _Record(pl.Callback):
                     self.plain0[n] = p.grad.clone()
 
 
-def _loader(rank: int, pp: int, dp: int, tp: int, samples: int, batch: int) -> DataLoader:
-    data = ToyData(samples)
+def _loader(rank: int, pp: int, dp: int, tp: int, samples: int, batch: int,
+            dtype: torch.dtype = torch.float64) -> DataLoader:
+    data = ToyData(samples, dtype=dtype)
     sampler = DistributedSampler(data, num_replicas=dp, rank=rank // (pp * tp), shuffle=False)
     return DataLoader(data, batch_size=batch // dp, sampler=sampler)
 
@@ -133,6 +149,9 @@ def _strategy(run: dict[str, Any]):
 
     return OmniStrategy(pipeline_parallel=run["pp"], data_parallel=run["dp"],
                         tensor_parallel=run.get("tp", 1), schedule=run["schedule"],
+                        virtual_pipeline_parallel=run.get("vpp", 1),
+                        recompute=run.get("recompute", False),
+                        encoder_recompute=run.get("encoder_recompute", False),
                         encoder_tensor_parallel=run.get("encoder_tp"), num_microbatches=4,
                         zero_stage=run.get("zero", 0), lssp=run.get("lssp", False),
                         reorder=run.get("reorder", False),
@@ -150,8 +169,9 @@ def _fit(rank: int, world: int, run: dict[str, Any], samples: int, batch: int,
         callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename=run["name"],
                                                       save_top_k=-1))
     path = os.path.join(ckpt_dir, f"{run['resume']}.ckpt") if run.get("resume") else None
+    dtype = _dtype(run.get("precision"))
     model = make_tp_model(1 if path else 0, lazy=run.get("lazy", False), tie=run.get("tie"),
-                          encoder=run.get("encoder", "plain"))
+                          encoder=run.get("encoder", "plain"), dtype=dtype)
     if run.get("lazy"):  # built in fit: from the seed, as the reference's model right after it
         torch.manual_seed(0)
     strategy = _strategy(run)
@@ -163,9 +183,10 @@ def _fit(rank: int, world: int, run: dict[str, Any], samples: int, batch: int,
     trainer = _trainer(world, strategy, callbacks, max_epochs=2 if path else 1, **kw,
                        gradient_clip_val=run.get("clip"),
                        gradient_clip_algorithm=run.get("clip_algorithm", "norm"),
-                       enable_checkpointing=bool(run.get("save")))
-    trainer.fit(model, _loader(rank, run["pp"], run["dp"], run.get("tp", 1), samples, batch),
-                ckpt_path=path)
+                       enable_checkpointing=bool(run.get("save")),
+                       precision=run.get("precision"))
+    trainer.fit(model, _loader(rank, run["pp"], run["dp"], run.get("tp", 1), samples, batch,
+                               dtype), ckpt_path=path)
     if run.get("evaluate"):  # validation and prediction of the first EVAL_SAMPLES samples
         loader = _loader(rank, run["pp"], run["dp"], run.get("tp", 1), EVAL_SAMPLES,
                          EVAL_BATCH)
@@ -177,16 +198,18 @@ def _fit(rank: int, world: int, run: dict[str, Any], samples: int, batch: int,
 def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, samples: int,
               ckpt_dir: str) -> dict[str, Any]:
     """Per run (``name``, ``pp``, ``dp``, ``tp``, ``schedule``, optional ``tie``, ``clip``,
-    ``clip_algorithm``, ``encoder_tp``, ``lazy``, ``zero``, ``lssp``, ``reorder``,
-    ``lssp_max_rows``, ``encoder``, ``evaluate``, ``log``, ``save``, ``resume``; see ``_fit``):
+    ``clip_algorithm``, ``encoder_tp``, ``vpp``, ``recompute``, ``encoder_recompute``,
+    ``precision``, ``lazy``, ``zero``, ``lssp``, ``reorder``, ``lssp_max_rows``, ``encoder``,
+    ``evaluate``, ``log``, ``save``, ``resume``; see ``_fit``):
     losses, the metrics logged (rank 0), the encoder group plan's metrics, first-step
     gradients and final hosted parameters (whole), the plain gradients as held, validation
     outputs and predictions, this rank's plan and TP ranks, the parameter and optimizer-state
-    bytes it holds."""
+    bytes it holds, the run's wall time."""
     from lightning_omni.runtime.zero import state_bytes
 
     out: dict[str, Any] = {}
     for run in runs:
+        start = time.perf_counter()
         rec, strategy, model = _fit(rank, world, run, samples, batch, ckpt_dir)
         lay = strategy.engine.layout
         hosted = strategy.engine.hosted_param_ids()
@@ -201,7 +224,8 @@ def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, sam
             "logged": _logged(ckpt_dir, run["name"]) if run.get("log") and rank == 0 else None,
             "grouped": (strategy.last_step.grouped.metrics()
                         if strategy.last_step.grouped is not None else None),
-            "state_bytes": state_bytes(strategy.optimizers[0])}
+            "state_bytes": state_bytes(strategy.optimizers[0]),
+            "wall_s": time.perf_counter() - start}
     return out
 
 
