@@ -222,16 +222,22 @@ def _median_timings(per_step: list) -> list:
     return out
 
 
-def run(quick: bool) -> tuple[dict, dict]:
-    warmup, steps = (1, 3) if quick else (2, 8)
+def run_two_ranks(worker, warmup: int, steps: int) -> tuple[dict, dict]:
+    """``worker(rank, port, warmup, steps, out_dir)`` on two spawned processes; what each
+    saved as ``rank{r}.pt``."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_worker, args=(port, warmup, steps, out_dir), nprocs=2,
+        mp.start_processes(worker, args=(port, warmup, steps, out_dir), nprocs=2,
                            start_method="spawn")
-        r0 = torch.load(Path(out_dir) / "rank0.pt", weights_only=False)
-        r1 = torch.load(Path(out_dir) / "rank1.pt", weights_only=False)
+        return tuple(torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False)
+                     for r in range(2))
+
+
+def run(quick: bool) -> tuple[dict, dict]:
+    warmup, steps = (1, 3) if quick else (2, 8)
+    r0, r1 = run_two_ranks(_worker, warmup, steps)
     summary, detail = {}, {}
     for schedule in SCHEDULES:
         step = statistics.median(r0[schedule]["times"])

@@ -19,17 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from lightning_omni.plan.simulate import simulate
 from lightning_omni.runtime import OmniEngine, make_layout
@@ -45,6 +42,7 @@ from omni_runtime import (  # noqa: E402
     _median_timings,
     make_batch,
     make_spec,
+    run_two_ranks,
 )
 
 CHUNKS = (1, 2)
@@ -107,14 +105,7 @@ def _worker(rank: int, port: int, warmup: int, steps: int, out_dir: str) -> None
 
 def run(quick: bool) -> dict:
     warmup, steps = (1, 3) if quick else (2, 8)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_worker, args=(port, warmup, steps, out_dir), nprocs=2,
-                           start_method="spawn")
-        r0 = torch.load(Path(out_dir) / "rank0.pt", weights_only=False)
-        r1 = torch.load(Path(out_dir) / "rank1.pt", weights_only=False)
+    r0, r1 = run_two_ranks(_worker, warmup, steps)
     rows = {}
     for data, schedule in CASES:
         for vpp in CHUNKS:
