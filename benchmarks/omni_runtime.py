@@ -186,15 +186,9 @@ def _worker(rank: int, port: int, warmup: int, steps: int, out_dir: str) -> None
         times, timings, peaks, busy = [], [], [], []
         for i in range(warmup + steps):
             batch = make_batch(i)
-            dist.barrier()
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            res = engine.step(batch)
-            opt.step()
-            dt = torch.tensor([time.perf_counter() - t0])
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            dt, res = timed_step(engine, opt, batch)
             if i >= warmup:
-                times.append(float(dt))
+                times.append(dt)
                 gathered = [None, None]
                 dist.all_gather_object(gathered, res.record.timings)
                 timings.append(gathered)
@@ -220,6 +214,19 @@ def _median_timings(per_step: list) -> list:
             rows.append((a, 0.0, statistics.median(durations)))
         out.append(rows)
     return out
+
+
+def timed_step(engine: OmniEngine, opt: torch.optim.Optimizer, batch: dict) -> tuple:
+    """One training step of every rank from a barrier; the slowest rank's seconds and the
+    step's result."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    opt.zero_grad()
+    res = engine.step(batch)
+    opt.step()
+    dt = torch.tensor([time.perf_counter() - t0])
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return float(dt), res
 
 
 def run_two_ranks(worker, warmup: int, steps: int) -> tuple[dict, dict]:

@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from omni_runtime import (  # noqa: E402
     make_batch,
     make_spec,
     run_two_ranks,
+    timed_step,
 )
 
 CHUNKS = (1, 2)
@@ -80,16 +80,10 @@ def _worker(rank: int, port: int, warmup: int, steps: int, out_dir: str) -> None
         batches = {"text": text_batch(i), "image+text": make_batch(i)}
         for key, (engine, opt) in runs.items():
             batch = batches[key[0]]
-            dist.barrier()
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            res = engine.step(batch)
-            opt.step()
-            dt = torch.tensor([time.perf_counter() - t0])
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            dt, res = timed_step(engine, opt, batch)
             if i >= warmup:
                 out = result[key]
-                out["times"].append(float(dt))
+                out["times"].append(dt)
                 gathered = [None, None]
                 dist.all_gather_object(gathered, res.record.timings)
                 out["timings"].append(gathered)
