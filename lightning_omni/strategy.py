@@ -354,7 +354,8 @@ class OmniStrategy(DDPStrategy):
                      self.num_microbatches, self.lssp, self.reorder, self.zero_stage,
                      self._built_here)
         log.debug("rank %d: stage %d, replica %d, LLM blocks %s", layout.global_rank,
-                  layout.stage, layout.replica, layout.chunk_bounds(layout.stage))
+                  layout.stage, layout.replica, layout.block_bounds[layout.stage]
+                  if layout.vpp == 1 else layout.chunk_bounds(layout.stage))
         if layout.tp > 1:
             log.debug("rank %d: TP rank %d of plan rank %d", layout.global_rank,
                       layout.tp_rank, layout.rank)
