@@ -132,7 +132,7 @@ class OmniStrategy(DDPStrategy):
         positive_int("virtual_pipeline_parallel", virtual_pipeline_parallel)
         check_interleaving(pipeline_parallel, num_microbatches or 2 * pipeline_parallel,
                            virtual_pipeline_parallel, names=_INTERLEAVING_NAMES)
-        _check_tensor_parallel(tensor_parallel, encoder_tensor_parallel, lssp, reorder)
+        _check_tensor_parallel(tensor_parallel, encoder_tensor_parallel)
         super().__init__(timeout=timeout, **kwargs)
         self.virtual_pipeline_parallel = virtual_pipeline_parallel
         self.tensor_parallel = tensor_parallel
@@ -380,11 +380,13 @@ class OmniStrategy(DDPStrategy):
                 raise ValueError(f"locality_groups: expected the {tp} ranks of each tensor-"
                                  f"parallel group in one locality group, got {list(locality)}")
             locality = tuple(g[0] for g in groups)
-        # only encoders that declare ``splittable_rows`` are split; others run unsplit (heads 0)
+        # only encoders that declare ``splittable_rows`` are split; others run unsplit (heads 0);
+        # TP-sharded encoders: Ulysses shards each TP rank's heads (heads / encoder TP)
         heads = []
         for m in self.spec.modalities:
             try:
-                heads.append(splittable_heads(m.encoder) if self.lssp else 0)
+                heads.append(splittable_heads(m.encoder, self.encoder_tensor_parallel)
+                             if self.lssp else 0)
             except ValueError as err:
                 raise ValueError(f"modalities[{m.name}].encoder: {err}") from err
         cap = self.lssp_max_rows if self.lssp_max_rows is not None else float("inf")
@@ -552,21 +554,12 @@ def _describe(key: tuple) -> str:
 _INTERLEAVING_NAMES = ("pipeline_parallel", "num_microbatches", "virtual_pipeline_parallel")
 
 
-def _check_tensor_parallel(tp: int, encoder_tp: int | None, lssp: bool, reorder: bool
-                           ) -> None:
+def _check_tensor_parallel(tp: int, encoder_tp: int | None) -> None:
     """What tensor parallelism does not combine with yet, refused before any process starts."""
     if encoder_tp is not None and encoder_tp not in (1, tp):
         fail("encoder_tensor_parallel", f"1 (encoders replicated over the TP group) or "
              f"tensor_parallel={tp} (encoder lanes of fewer ranks are not implemented)",
              encoder_tp)
-    if tp == 1:
-        return
-    for name, on in (("lssp", lssp), ("reorder", reorder)):
-        if on and encoder_tp != 1:
-            raise ValueError(f"{name}=True with tensor_parallel={tp}: expected "
-                             f"encoder_tensor_parallel=1, got {encoder_tp or tp}: encoder group "
-                             "work (LSSP / grouped reordering) runs on whole encoders, the same "
-                             "on every TP rank; TP-sharded encoders do not run it yet")
 
 
 class _GlobalClipping:

@@ -102,8 +102,8 @@ def _interleaving_limits(cfg: ParallelConfig, scenario: Scenario) -> list[str]:
 def _tensor_parallel_refusals(system: str, cfg: ParallelConfig, scenario: Scenario
                               ) -> list[str]:
     """Why OmniStrategy cannot run this layout's tensor parallelism as the plan prices it:
-    the runtime shards the encoders over the whole TP group or not at all, and runs LSSP /
-    grouped reordering on whole encoders only."""
+    the runtime shards the encoders over the whole TP group or not at all (LSSP / grouped
+    reordering run either way)."""
     tp, etp = cfg.tp, cfg.encoder_tp
     if tp == 1 and etp == 1:
         return []
@@ -115,10 +115,8 @@ def _tensor_parallel_refusals(system: str, cfg: ParallelConfig, scenario: Scenar
                 f"{tp // etp} encoder lanes per TP group, each encoding its own samples, while "
                 "OmniStrategy shards the encoders over the whole TP group or replicates them "
                 "(every TP rank encoding the same samples)"]
-    if system == "omni" and not {"lssp", "reorder"} <= set(scenario.omni_off):
-        return [f"tensor parallelism with LSSP / grouped reordering: OmniStrategy runs encoder "
-                f"group work on whole encoders only (encoder_tensor_parallel=1), while the plan "
-                f"shards them at encoder TP {etp}"]
+    # encoder TP == TP: LSSP / grouped reordering run on the TP-sharded encoders, Ulysses over
+    # each TP rank's heads, as the plan prices (heads / encoder TP per rank)
     return []
 
 

@@ -138,10 +138,6 @@ class OmniEngine:
         self.loss_context: Callable[[], AbstractContextManager] = nullcontext
         if layout.tp > 1:
             encoder_tp = layout.tp if encoder_tp is None else encoder_tp
-            if group_options is not None and encoder_tp != 1:
-                raise ValueError(f"encoder_tensor_parallel: expected 1 with lssp or reorder "
-                                 f"(encoder group work runs on whole encoders, the same on "
-                                 f"every TP rank), got {encoder_tp}")
             self.tp = make_meshes(layout, encoder_tp, device)
             apply_tensor_parallel(spec, layout, self.owns_encoders(), self.tp)
             self.loss_context = lambda: loss_context(spec)
@@ -246,6 +242,7 @@ class OmniEngine:
                     p.grad = None
         if self.group_options is not None:
             ex.cache, ex.ulysses_backend = self.cache, self.ulysses_backend
+            ex.encoder_tp = self.tp.encoder_degree if self.tp is not None else 1
             self.group_options = self._row_bytes(batch, self.probe.hidden,
                                                  self.probe.feature_dtype)
         ex.recompute, ex.encoder_recompute = self.recompute, self.encoder_recompute

@@ -131,6 +131,7 @@ class StageExecutor:
         self._tp_params = [p for p in held if isinstance(p, DTensor)]
         self.cache: SubgroupCache | None = None  # encoder group process groups (LSSP/reorder)
         self.ulysses_backend = "auto"
+        self.encoder_tp = 1  # the encoders' TP degree (Ulysses shards each TP rank's heads)
         # activation recomputation in training steps (runtime/recompute.py): every LLM block
         # of the stage, every encoder layer (or whole encoder call)
         self.recompute = self.encoder_recompute = False
@@ -300,12 +301,14 @@ class StageExecutor:
             mine = sorted(g for g, o in w.owner[k].items() if o == j)
             x = mb[mod.inputs]
             inputs = {g: x[g - first, :w.lengths[k][g]] for g in mine}
-            # the group's processes at this TP rank (TP: each TP rank runs the same work)
+            # the group's processes at this TP rank (TP: each TP rank runs the same work, on
+            # its shard of a TP-sharded encoder's heads)
             members = self.layout.tp_slice(w.members, self.layout.tp_rank)
             with self._encoder_recomputing(mod.encoder):
                 res = run_lssp_microbatch(mod.encoder, ex, inputs, members, cache=self.cache,
                                           backend=self.ulysses_backend, row_shape=x.shape[2:],
-                                          out_dim=self.hidden, dtype=x.dtype)
+                                          out_dim=self.hidden, dtype=x.dtype,
+                                          tensor_parallel=self.encoder_tp)
             self._step.bytes_sent += res.bytes_sent
             part = (torch.cat([res.features[g] for g in mine]) if mine else
                     torch.zeros(0, self.hidden, dtype=self.dtype, device=self.device))

@@ -216,7 +216,8 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
                         cache: SubgroupCache | None = None, backend: str = "auto",
                         in_dim: int | None = None, out_dim: int | None = None,
                         dtype: torch.dtype | None = None,
-                        row_shape: Sequence[int] | None = None) -> LsspResult:
+                        row_shape: Sequence[int] | None = None,
+                        tensor_parallel: int = 1) -> LsspResult:
     """Run the microbatch's encoder work on this rank (see the module docstring).
 
     ``encoder(x [B, L, *row_shape], lengths [B]) -> [B, L, out]`` must treat rows
@@ -227,16 +228,18 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
     same plan. ``row_shape``/``dtype`` (input rows) and ``out_dim`` (feature rows) are read
     off the inputs and the encoder (``in_dim``, ``out_dim``) when not given, but a rank that
     owns no sample must be told the row shape the others send: pass ``row_shape`` (``in_dim``
-    is the same for rows of one dimension).
+    is the same for rows of one dimension). ``tensor_parallel``: the encoder's TP degree (its
+    attention sees ``heads // tensor_parallel`` heads; ``global_ranks`` are the processes of
+    this TP rank).
     """
     if plan.split.sp_groups:  # the LSSP contract: only a splittable encoder is split
-        heads = splittable_heads(encoder)
+        heads = splittable_heads(encoder, tensor_parallel)
         if heads == 0:
             raise ValueError(
                 f"{type(encoder).__name__}: the plan splits samples "
                 f"{[g.sample_id for g in plan.split.sp_groups]} over ranks, but the encoder "
                 "does not declare `splittable_rows = True` (lightning_omni.runtime.splittable); "
-                "plan with heads=splittable_heads(encoder)")
+                "plan with heads=splittable_heads(encoder, tensor_parallel)")
         for g in plan.split.sp_groups:
             check_sp_heads(heads, len(g.ranks), f"encoder (sample {g.sample_id})")
     cache = cache or default_cache()

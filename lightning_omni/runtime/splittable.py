@@ -10,7 +10,9 @@ So an encoder is split only when it says so:
 
 * ``splittable_rows = True`` (a class attribute): positions are carried in the input rows,
   rows are independent except through the attention it receives;
-* ``heads``: an int >= 1, its attention heads (Ulysses shards them over the SP group);
+* ``heads``: an int >= 1, its attention heads (Ulysses shards them over the SP group; a
+  tensor-parallel encoder holds ``heads / tensor_parallel`` of them per TP rank, which Ulysses
+  shards further);
 * ``forward(x, lengths, attention=None)``: runs its attention through ``attention(q, k, v)``
   (``[batch, rows, heads, dim]`` tensors) when given.
 
@@ -27,10 +29,13 @@ from torch import nn
 from lightning_omnilab.validate import is_int
 
 
-def splittable_heads(encoder: nn.Module) -> int:
+def splittable_heads(encoder: nn.Module, tensor_parallel: int = 1) -> int:
     """The attention heads LSSP may shard ``encoder``'s samples over, or 0: never split them.
 
-    Returns ``encoder.heads`` when the encoder declares ``splittable_rows = True`` (see the
+    ``tensor_parallel``: the encoder's TP degree; each TP rank's attention sees
+    ``heads // tensor_parallel`` heads (column-parallel qkv, whole heads per shard), and Ulysses
+    runs over the processes of one TP rank, so it shards those. Returns ``encoder.heads`` (per
+    TP rank) when the encoder declares ``splittable_rows = True`` (see the
     module docstring), 0 when it does not declare it. Raises ``ValueError`` when it declares it
     without an int ``heads >= 1`` or without a forward that accepts ``attention=``.
     """
@@ -51,7 +56,11 @@ def splittable_heads(encoder: nn.Module) -> int:
                          "attention passed as forward(x, lengths, attention=...); expected a "
                          "forward accepting `attention=`, got forward"
                          f"{inspect.signature(encoder.forward)}")
-    return heads
+    if heads % tensor_parallel:
+        raise ValueError(f"{name}: {heads} attention heads are not divisible by the encoder's "
+                         f"tensor-parallel degree {tensor_parallel}: expected whole heads on "
+                         "every TP rank")
+    return heads // tensor_parallel
 
 
 def _accepts_attention(encoder: nn.Module) -> bool:

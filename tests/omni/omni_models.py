@@ -78,15 +78,17 @@ class OmniToy(pl.LightningModule):
 
     def _build(self, hidden: int, layers: int, width: int, encoder: str, tie: bool,
                dropout: float = 0.0) -> None:
-        """``encoder``: "plain" (``Encoder``), "token" (``TokenEncoder``, which LSSP can split)
+        """``encoder``: "plain" (``Encoder``), "token" (``TokenEncoder``, which LSSP can split;
+        "token4": with 4 heads instead of 2)
         or "mixed" (a TokenEncoder for images, an ``Encoder`` for audio). ``dropout > 0``: an
         ``nn.Dropout`` after every MLP/projector (the same parameters and initial values)."""
-        if encoder in ("token", "mixed"):  # attention swappable for Ulysses: LSSP can split
+        if encoder in ("token", "token4", "mixed"):  # attention swappable: LSSP can split
             from lightning_omni.runtime.token_encoder import TokenEncoder
 
-            self.image_encoder = TokenEncoder(IMG_DIM, width, 2, 1, out_dim=hidden)
-            self.audio_encoder = (TokenEncoder(AUD_DIM, width, 2, 1, out_dim=hidden)
-                                  if encoder == "token" else Encoder(AUD_DIM, width, hidden))
+            heads = 4 if encoder == "token4" else 2  # token4: 2 heads per rank at TP2
+            self.image_encoder = TokenEncoder(IMG_DIM, width, heads, 1, out_dim=hidden)
+            self.audio_encoder = (TokenEncoder(AUD_DIM, width, heads, 1, out_dim=hidden)
+                                  if encoder != "mixed" else Encoder(AUD_DIM, width, hidden))
         else:
             self.image_encoder = Encoder(IMG_DIM, width, hidden)
             self.audio_encoder = Encoder(AUD_DIM, width, hidden)

@@ -84,6 +84,12 @@ def test_splittable_heads():
     assert splittable_heads(GridEncoder(8, 8, heads=2)) == 2
     assert splittable_heads(PositionEncoder(4, 8, 8)) == 0  # heads, attention=, no declaration
     assert splittable_heads(nn.Linear(2, 2)) == 0
+    # a TP-sharded encoder: Ulysses shards each TP rank's heads
+    assert splittable_heads(TokenEncoder(4, 8, heads=4), 2) == 2
+    assert splittable_heads(nn.Linear(2, 2), 2) == 0
+    with pytest.raises(ValueError, match="TokenEncoder: 4 attention heads are not divisible by "
+                                         "the encoder's tensor-parallel degree 3"):
+        splittable_heads(TokenEncoder(4, 8, heads=4), 3)
 
     class Declared(nn.Module):
         splittable_rows = True

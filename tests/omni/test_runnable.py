@@ -46,7 +46,6 @@ def test_runnable_layouts_map_to_strategy_arguments():
     ("megatron", ParallelConfig(1, 4, 2, vpp=2), _scenario(global_batch=6),
      "no multiple of pp"),
     ("megatron", ParallelConfig(1, 4, 2, vpp=4), _scenario(), "virtual stage without"),
-    ("omni", ParallelConfig(2, 4, 1, encoder_tp=2), _scenario(), "LSSP"),
     ("megatron", ParallelConfig(1, 2, 4, stage0_layer_fraction=0.0), _scenario(),
      "without LLM layers"),
     ("omni", ParallelConfig(1, 1, 8), _scenario(global_batch=12), "does not divide"),
@@ -89,8 +88,9 @@ def test_interleaved_layouts_launch_with_their_chunks():
 
 
 def test_tensor_parallel_layouts_launch_where_the_runtime_runs_them():
-    """TP at the encoders' degree (ZeRO-1 over DP too), no LSSP/reorder for Omni: the
-    strategy's TP arguments."""
+    """TP at the encoders' degree (ZeRO-1 over DP too), Omni's with and without LSSP and
+    grouped reordering: the strategy's TP arguments. Encoder TP below TP (encoder lanes) is
+    refused."""
     from lightning_omni import OmniStrategy
 
     mega = launch("megatron", ParallelConfig(2, 2, 2, encoder_tp=2), _scenario())
@@ -102,13 +102,19 @@ def test_tensor_parallel_layouts_launch_where_the_runtime_runs_them():
     assert omni.runnable and omni.strategy_kwargs["schedule"] == "uniform_insertion"
     strategy = OmniStrategy(**omni.strategy_kwargs)
     assert (strategy.tensor_parallel, strategy.encoder_tensor_parallel) == (2, 2)
+    grouped = launch("omni", ParallelConfig(2, 4, 1, encoder_tp=2), _scenario())
+    assert grouped.runnable, grouped.why_not
+    strategy = OmniStrategy(**grouped.strategy_kwargs)
+    assert strategy.lssp and strategy.reorder and strategy.encoder_tensor_parallel == 2
+    lanes = launch("omni", ParallelConfig(2, 4, 1, encoder_tp=1), _scenario())
+    assert not lanes.runnable and "encoder TP 1 below the LLM's TP 2" in lanes.why_not[0]
 
 
 def test_runnable_grid_searches_exactly_the_layouts_launch_accepts():
     """``--runnable-only`` keeps the grid's TP choices and drops, layout by layout, what
     ``launch`` refuses: the same set as the full grid filtered by ``launch``, TP > 1 where
-    the runtime runs it (Megatron-like at encoder TP = TP; Omni only with LSSP and grouped
-    reordering ablated), and every kept layout's arguments build an ``OmniStrategy``."""
+    the runtime runs it (encoder TP = TP, Omni's with LSSP and grouped reordering on or
+    ablated), and every kept layout's arguments build an ``OmniStrategy``."""
     from lightning_omni import OmniStrategy
 
     grid = runnable_grid(DEFAULT_GRID)
@@ -134,7 +140,7 @@ def test_runnable_grid_searches_exactly_the_layouts_launch_accepts():
             tensor_parallel |= {(system, sc.omni_off) for c in configs if c.tp > 1}
     assert interleaved == {"megatron", "omni"}
     assert tensor_parallel == {("megatron", ()), ("megatron", ("lssp", "reorder")),
-                               ("omni", ("lssp", "reorder"))}
+                               ("omni", ()), ("omni", ("lssp", "reorder"))}
     # the full grid has layouts the runtime cannot run, TP ones among them
     refused = [c for c in candidate_configs("omni", plain)
                if not launch("omni", c, plain).runnable]
@@ -190,7 +196,6 @@ def test_omni_plan_marks_and_restricts_to_runnable_layouts(tmp_path, capsys):
     assert "skipping Disaggregated" in text and "disaggregated" not in summary
     for system in ("megatron", "omni"):
         assert summary[system][0]["launch"]["runnable"]
-    assert "TP1" in summary["omni"][0]["config"]  # LSSP on: Omni's TP layouts do not run
     run = {r["system"]: r for r in summary["run"]}
     assert run["omni"]["launch"]["strategy_kwargs"]["schedule"] == "uniform_insertion"
     assert "launch: OmniStrategy(pipeline_parallel=" in text

@@ -225,6 +225,8 @@ def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, sam
             "grouped": (strategy.last_step.grouped.metrics()
                         if strategy.last_step.grouped is not None else None),
             "state_bytes": state_bytes(strategy.optimizers[0]),
+            "group_heads": (strategy.engine.group_options.heads
+                            if strategy.engine.group_options is not None else None),
             "wall_s": time.perf_counter() - start}
     return out
 
