@@ -374,7 +374,7 @@ def _tp_rank(rank: int, world: int, port: int, hidden: int, blocks: int, out_dir
                          callbacks=[measure],
                          strategy=OmniStrategy(pipeline_parallel=2, data_parallel=1,
                                                tensor_parallel=tp, num_microbatches=2))
-    data = torch.utils.data.DataLoader(_Loader(), batch_size=None)
+    data = torch.utils.data.DataLoader(_Loader(SEQ), batch_size=None)
     trainer.fit(TPBigModel(hidden, blocks), data)
     local = [getattr(p, "_local_tensor", p) for p in trainer.lightning_module.parameters()]
     measure.out["param_bytes"] = sum(t.numel() * t.element_size() for t in local)
