@@ -94,8 +94,10 @@ class OmniStrategy(DDPStrategy):
         tensor_parallel: processes per pipeline stage and replica, sharing the stage's
             weights by the spec's ``tp_plan`` (DTensor ``parallelize_module``; TP innermost:
             world = pipeline_parallel * data_parallel * tensor_parallel).
-        encoder_tensor_parallel: the encoders' TP degree: ``tensor_parallel`` (default) or 1
-            (encoders replicated over the TP group).
+        encoder_tensor_parallel: the encoders' TP degree, a divisor of ``tensor_parallel``
+            (default: equal). Below it, each TP group runs ``tensor_parallel //
+            encoder_tensor_parallel`` encoder lanes, each encoding its share of the samples
+            (1: plain encoders, one lane per TP rank).
     """
 
     strategy_name = "omni"
@@ -556,10 +558,9 @@ _INTERLEAVING_NAMES = ("pipeline_parallel", "num_microbatches", "virtual_pipelin
 
 def _check_tensor_parallel(tp: int, encoder_tp: int | None) -> None:
     """What tensor parallelism does not combine with yet, refused before any process starts."""
-    if encoder_tp is not None and encoder_tp not in (1, tp):
-        fail("encoder_tensor_parallel", f"1 (encoders replicated over the TP group) or "
-             f"tensor_parallel={tp} (encoder lanes of fewer ranks are not implemented)",
-             encoder_tp)
+    if encoder_tp is not None and tp % encoder_tp:
+        fail("encoder_tensor_parallel", f"a divisor of tensor_parallel={tp} (the encoders "
+             f"run in tensor_parallel // encoder_tensor_parallel lanes)", encoder_tp)
 
 
 class _GlobalClipping:

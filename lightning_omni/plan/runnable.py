@@ -102,21 +102,16 @@ def _interleaving_limits(cfg: ParallelConfig, scenario: Scenario) -> list[str]:
 def _tensor_parallel_refusals(system: str, cfg: ParallelConfig, scenario: Scenario
                               ) -> list[str]:
     """Why OmniStrategy cannot run this layout's tensor parallelism as the plan prices it:
-    the runtime shards the encoders over the whole TP group or not at all (LSSP / grouped
-    reordering run either way)."""
+    the runtime shards the encoders over the whole TP group or runs ``tp // encoder_tp``
+    encoder lanes in it (``runtime/encoder_lanes.py``), LSSP and grouped reordering either
+    way."""
     tp, etp = cfg.tp, cfg.encoder_tp
-    if tp == 1 and etp == 1:
-        return []
     if etp > tp:
         return [f"tensor parallelism: encoder TP {etp} above the LLM's TP {tp}; OmniStrategy "
                 "shards the encoders over the LLM's TP group at most"]
-    if etp < tp:
-        return [f"tensor parallelism: encoder TP {etp} below the LLM's TP {tp}; the plan prices "
-                f"{tp // etp} encoder lanes per TP group, each encoding its own samples, while "
-                "OmniStrategy shards the encoders over the whole TP group or replicates them "
-                "(every TP rank encoding the same samples)"]
-    # encoder TP == TP: LSSP / grouped reordering run on the TP-sharded encoders, Ulysses over
-    # each TP rank's heads, as the plan prices (heads / encoder TP per rank)
+    if tp % etp:
+        return [f"tensor parallelism: encoder TP {etp} does not divide the LLM's TP {tp}; "
+                "OmniStrategy runs tp // encoder_tp encoder lanes per TP group"]
     return []
 
 

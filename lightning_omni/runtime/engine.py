@@ -138,7 +138,7 @@ class OmniEngine:
         self.loss_context: Callable[[], AbstractContextManager] = nullcontext
         if layout.tp > 1:
             encoder_tp = layout.tp if encoder_tp is None else encoder_tp
-            self.tp = make_meshes(layout, encoder_tp, device)
+            self.tp = make_meshes(layout, encoder_tp, device, timeout)
             apply_tensor_parallel(spec, layout, self.owns_encoders(), self.tp)
             self.loss_context = lambda: loss_context(spec)
         self.hosting: Hosting = param_hosting(spec, layout, schedule)
@@ -246,6 +246,7 @@ class OmniEngine:
             self.group_options = self._row_bytes(batch, self.probe.hidden,
                                                  self.probe.feature_dtype)
         ex.recompute, ex.encoder_recompute = self.recompute, self.encoder_recompute
+        ex.lanes = self.tp.lanes if self.tp is not None else None
         self.executor = ex
 
     def _row_bytes(self, batch: dict[str, Tensor], hidden: int, dtype: torch.dtype

@@ -31,6 +31,7 @@ from ..plan.messages import message_posts
 from ..plan.schedule import Action, Kind, Payload, Schedule, message_key
 from ..spec import OmniSpec, Probe, scatter_features, valid_rows
 from .alltoall import SubgroupCache
+from .encoder_lanes import EncoderLanes, assign_to_lanes, gather_lanes, scatter_rows
 from .failures import OmniRuntimeError, communicating, timed_out
 from .hosting import Hosting
 from .layout import Layout
@@ -56,6 +57,7 @@ class StepRecord:
     timings: list[tuple[Action, float, float]] = field(default_factory=list)
     cuda_peak_bytes: int = 0  # allocator peak on GPU (0 on CPU)
     bytes_sent: int = 0  # encoder group exchanges: bytes this rank sent to other ranks
+    rows_encoded: int = 0  # encoder input rows this process encoded (its lane's share)
 
     @property
     def bubble_fraction(self) -> float:
@@ -132,6 +134,8 @@ class StageExecutor:
         self.cache: SubgroupCache | None = None  # encoder group process groups (LSSP/reorder)
         self.ulysses_backend = "auto"
         self.encoder_tp = 1  # the encoders' TP degree (Ulysses shards each TP rank's heads)
+        # encoder lanes (encoder TP below the LLM's TP): this process's lane, or None
+        self.lanes: EncoderLanes | None = None
         # activation recomputation in training steps (runtime/recompute.py): every LLM block
         # of the stage, every encoder layer (or whole encoder call)
         self.recompute = self.encoder_recompute = False
@@ -223,13 +227,14 @@ class StageExecutor:
                                    f"never received {list(st.inbox)[:4]} by the plan")
         if mode == StepMode.TRAIN:
             self._reduce_shared()
+            self._reduce_lanes()
             for p in self._tp_params:  # gradients sharded like their parameters
                 p.grad = sharded_grad(p)
         seconds = time.perf_counter() - t_step
         return StepRecord(float(loss_sum), float(count), seconds, busy, self.meter.peak,
                           [(a, t0 - t_step, t1 - t_step) for a, t0, t1 in timings],
                           torch.cuda.max_memory_allocated(self.device) if cuda else 0,
-                          st.bytes_sent)
+                          st.bytes_sent, st.rows_encoded)
 
     # -- compute --------------------------------------------------------------------------
     def _recomputing(self, on: bool, modules: list[nn.Module]) -> AbstractContextManager:
@@ -245,17 +250,39 @@ class StageExecutor:
         return self._recomputing(self.encoder_recompute, layers)
 
     def _encode(self, mb: dict[str, Tensor], samples: tuple[int, ...]) -> Tensor:
-        """Features of ``samples`` (per modality in order, sample by sample)."""
+        """Features of ``samples`` (per modality in order, sample by sample). With encoder
+        lanes each lane encodes its share of the samples and every lane gets all features."""
         s = torch.tensor(samples, dtype=torch.long, device=self.device)
-        chunks = []
+        lanes = self.lanes if self.lanes is not None and self.lanes.count > 1 else None
+        mine = None
+        if lanes is not None:  # balanced by each sample's encoder rows, the same on every lane
+            rows = sum(mb[m.lengths].cpu()[s.cpu()] for m in self.spec.modalities)
+            lane_of = assign_to_lanes([float(r) for r in rows], lanes.count)
+            mine = torch.tensor([lane == lanes.index for lane in lane_of], device=self.device)
+        chunks, parts, total = [], [], 0
         for m in self.spec.modalities:
             lengths = mb[m.lengths]
-            idx = s[lengths[s] > 0]
+            has = lengths[s] > 0
+            idx = s[has]
             if idx.numel() == 0:
                 continue
+            if mine is not None:  # this lane's samples, and where their rows go
+                sub = s[has & mine]
+                if sub.numel():
+                    self._step.rows_encoded += int(lengths[sub].sum())
+                    with self._encoder_recomputing(m.encoder):
+                        out = m.encoder(mb[m.inputs][sub], lengths[sub])
+                    where = rows_of(lengths[idx], torch.nonzero(mine[has]).flatten()) + total
+                    parts.append((where, valid_rows(out, lengths[sub])))
+                total += int(lengths[idx].sum())
+                continue
+            self._step.rows_encoded += int(lengths[idx].sum())
             with self._encoder_recomputing(m.encoder):
                 out = m.encoder(mb[m.inputs][idx], lengths[idx])
             chunks.append(valid_rows(out, lengths[idx]))
+        if lanes is not None:
+            like = torch.empty(0, dtype=self.dtype, device=self.device)
+            return gather_lanes(scatter_rows(total, self.hidden, parts, like), lanes)
         if not chunks:
             return torch.zeros(0, self.hidden, dtype=self.dtype, device=self.device)
         return torch.cat(chunks).to(self.dtype)
@@ -279,7 +306,8 @@ class StageExecutor:
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         else:
             grad = self._step.feat_grad.pop(a.microbatch)
-        torch.autograd.backward(out, grad)
+        if out.requires_grad:  # an encoder lane that encoded none of the samples: nothing
+            torch.autograd.backward(out, grad)
 
     # -- encoder group actions (LSSP / grouped reordering, see plan.lssp_schedule) -----------
     def _group_enc_fwd(self, a: Action) -> None:
@@ -308,8 +336,9 @@ class StageExecutor:
                 res = run_lssp_microbatch(mod.encoder, ex, inputs, members, cache=self.cache,
                                           backend=self.ulysses_backend, row_shape=x.shape[2:],
                                           out_dim=self.hidden, dtype=x.dtype,
-                                          tensor_parallel=self.encoder_tp)
+                                          tensor_parallel=self.encoder_tp, lanes=self.lanes)
             self._step.bytes_sent += res.bytes_sent
+            self._step.rows_encoded += res.rows_encoded
             part = (torch.cat([res.features[g] for g in mine]) if mine else
                     torch.zeros(0, self.hidden, dtype=self.dtype, device=self.device))
             parts.append((part, res.anchor))
@@ -513,10 +542,27 @@ class StageExecutor:
         for holders, params in self._shared_reduce.items():
             self._sum_grads(params, holders, "all-reduce of parameters shared between stages")
 
+    def _reduce_lanes(self) -> None:
+        """Encoder lanes: each lane's encoder gradients hold its own samples; sum them."""
+        lanes = self.lanes
+        if lanes is None or lanes.count == 1 or not self.owns_encoders:
+            return
+        llm = {id(p) for mod in self._llm_modules() for p in mod.parameters()}
+        params = [p for m in self.spec.modalities for p in m.encoder.parameters()
+                  if id(p) not in llm]
+        self._all_reduce_grads(list({id(p): p for p in params}.values()), lanes.group,
+                               "all-reduce of encoder gradients over the encoder lanes")
+
     def _sum_grads(self, params: list[Tensor], group: tuple[int, ...], what: str) -> None:
         """Sum the gradients of ``params`` over plan ranks ``group`` (with tensor parallelism:
         each process's local shards, over the processes of its TP rank)."""
         if len(group) <= 1 or not params:
+            return
+        self._all_reduce_grads(params, self.groups[tuple(group)],
+                               f"{what} over ranks {tuple(group)}")
+
+    def _all_reduce_grads(self, params: list[Tensor], group: object, what: str) -> None:
+        if not params:
             return
         grads = [local(sharded_grad(p)) if p.grad is not None else torch.zeros_like(local(p))
                  for p in params]
@@ -526,8 +572,8 @@ class StageExecutor:
         had = torch.tensor([float(p.grad is not None) for p in params], dtype=grads[0].dtype,
                            device=grads[0].device)
         flat = torch.cat([g.reshape(-1) for g in grads] + [had])
-        with communicating(f"{what} over ranks {tuple(group)}", self.timeout):
-            dist.all_reduce(flat, group=self.groups[tuple(group)])
+        with communicating(what, self.timeout):
+            dist.all_reduce(flat, group=group)
         offset = 0
         used = flat[-len(params):].tolist()
         for p, g, holders in zip(params, grads, used, strict=True):

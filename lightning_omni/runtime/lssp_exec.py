@@ -28,6 +28,7 @@ from lightning_omnilab.validate import non_negative_int
 from ..plan.lssp import DP, SP, LsspPlan, MicrobatchSplit, WorkItem, plan_lssp, sp_degrees
 from ..plan.schedule import Action, Kind, Payload
 from .alltoall import SubgroupCache, all_to_all_rows, default_cache
+from .encoder_lanes import EncoderLanes, assign_to_lanes, gather_lanes, scatter_rows
 from .splittable import splittable_heads
 from .ulysses import check_sp_heads, pad_length, ulysses_for
 
@@ -209,6 +210,7 @@ class LsspResult:
     bytes_sent: int
     sp_samples: int
     sp_degrees: tuple[int, ...]
+    rows_encoded: int = 0  # input rows this process ran through the encoder
 
 
 def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
@@ -217,7 +219,8 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
                         in_dim: int | None = None, out_dim: int | None = None,
                         dtype: torch.dtype | None = None,
                         row_shape: Sequence[int] | None = None,
-                        tensor_parallel: int = 1) -> LsspResult:
+                        tensor_parallel: int = 1,
+                        lanes: EncoderLanes | None = None) -> LsspResult:
     """Run the microbatch's encoder work on this rank (see the module docstring).
 
     ``encoder(x [B, L, *row_shape], lengths [B]) -> [B, L, out]`` must treat rows
@@ -230,7 +233,9 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
     owns no sample must be told the row shape the others send: pass ``row_shape`` (``in_dim``
     is the same for rows of one dimension). ``tensor_parallel``: the encoder's TP degree (its
     attention sees ``heads // tensor_parallel`` heads; ``global_ranks`` are the processes of
-    this TP rank).
+    this TP rank). ``lanes``: this process's encoder lane (``encoder_lanes``): the lanes of
+    the rank share its whole samples, lane 0 runs its sequence-parallel pieces, and every lane
+    ends with all of the rank's features.
     """
     if plan.split.sp_groups:  # the LSSP contract: only a splittable encoder is split
         heads = splittable_heads(encoder, tensor_parallel)
@@ -291,19 +296,17 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
     bytes_sent = sum(s for d, s in enumerate(send_split) if d != rank) * width * \
         got.element_size()
 
-    # 2. encoder work in the planned phase order
-    outs: dict[tuple[int, int], torch.Tensor] = {}
+    # 2. encoder work in the planned phase order (lanes: each its share, see ``_lane_work``)
     split = plan.split
+    mine_dp, sp_here = _lane_work(plan, rank, lanes)
+    outs: dict[tuple[int, int], torch.Tensor] = {}
     degrees = []
     for phase in split.phase_order:
         if phase == DP:
-            mine = split.dp_samples[rank]
-            feats = encoder_many(encoder, [pieces[(s, 0)] for s in mine])
-            outs.update(((s, 0), f) for s, f in zip(mine, feats, strict=True))
+            feats = encoder_many(encoder, [pieces[(s, 0)] for s in mine_dp])
+            outs.update(((s, 0), f) for s, f in zip(mine_dp, feats, strict=True))
         else:
-            for g in split.sp_groups:
-                if rank not in g.ranks:
-                    continue
+            for g in sp_here:
                 i = g.ranks.index(rank)
                 c, length = plan.chunk[g.sample_id], plan.lengths[g.sample_id]
                 pg = cache.get(tuple(global_ranks[r] for r in g.ranks))
@@ -318,6 +321,9 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
                 y = encoder(x[None], None, attention=attention)[0]
                 outs[(g.sample_id, i * c)] = y[:valid]
                 degrees.append(len(g.ranks))
+    if lanes is not None and lanes.count > 1:
+        outs = _gather_lane_outputs(plan, rank, outs, lanes, out_dim or encoder.out_dim,
+                                    param)
 
     # 3. features back to the owners (autograd: the owners' gradients come back here)
     sends = plan.sends(rank, plan.outputs)
@@ -337,7 +343,48 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
         parts.setdefault(p.sample_id, []).append((p.start, t))
     features = {sid: torch.cat([t for _, t in sorted(ps, key=lambda x: x[0])])
                 for sid, ps in parts.items()}
-    return LsspResult(features, got, bytes_sent, len(degrees), tuple(degrees))
+    encoded = sum(plan.lengths[s] for s in mine_dp) + sum(plan.chunk[g.sample_id]
+                                                          for g in sp_here)
+    return LsspResult(features, got, bytes_sent, len(degrees), tuple(degrees), encoded)
+
+
+def _lane_work(plan: LsspExecPlan, rank: int, lanes: EncoderLanes | None
+               ) -> tuple[list[int], list]:
+    """The whole samples and the sequence-parallel groups this process encodes: all of the
+    rank's without lanes; with lanes, lane 0 takes the SP pieces (Ulysses runs between the
+    members' lane-0 processes) and the whole samples are spread over the lanes by rows."""
+    dp = list(plan.split.dp_samples[rank])
+    sp = [g for g in plan.split.sp_groups if rank in g.ranks]
+    if lanes is None or lanes.count == 1:
+        return dp, sp
+    sp_rows = float(sum(plan.chunk[g.sample_id] for g in sp))
+    lane_of = assign_to_lanes([plan.lengths[s] for s in dp], lanes.count, (sp_rows,))
+    return ([s for s, lane in zip(dp, lane_of, strict=True) if lane == lanes.index],
+            sp if lanes.index == 0 else [])
+
+
+def _gather_lane_outputs(plan: LsspExecPlan, rank: int, outs: dict, lanes: EncoderLanes,
+                         width: int, param: torch.Tensor) -> dict:
+    """Every output piece of the rank (whole samples, then SP chunks, in plan order) on every
+    lane: each lane's pieces summed over the lane peers, zeros where it encoded none."""
+    keys, sizes = [], []
+    for s in plan.split.dp_samples[rank]:
+        keys.append((s, 0))
+        sizes.append(plan.lengths[s])
+    for g in plan.split.sp_groups:
+        if rank in g.ranks:
+            c, length = plan.chunk[g.sample_id], plan.lengths[g.sample_id]
+            start = g.ranks.index(rank) * c
+            keys.append((g.sample_id, start))
+            sizes.append(max(0, min(c, length - start)))
+    offsets = [sum(sizes[:k]) for k in range(len(sizes))]
+    parts = [(torch.arange(o, o + n), outs[key]) for key, o, n
+             in zip(keys, offsets, sizes, strict=True) if key in outs]
+    rows = scatter_rows(sum(sizes), width, parts, param.detach().new_empty(0))
+    if not parts:  # keep this process in the backward all-to-all of the features
+        rows = rows + param.reshape(-1)[:1].sum() * 0
+    full = gather_lanes(rows, lanes)
+    return dict(zip(keys, full.split(sizes), strict=True))
 
 
 def encoder_many(encoder: torch.nn.Module, samples: Sequence[torch.Tensor],

@@ -49,6 +49,7 @@ class StepState:
     outputs: list[Tensor] = field(default_factory=list)  # PREDICT: the head's output
     metric_sums: dict[str, list[Tensor]] = field(default_factory=dict)  # name -> [sum, n]
     bytes_sent: int = 0  # encoder group exchanges
+    rows_encoded: int = 0  # encoder input rows this process encoded
     enc_out: dict[int, Tensor] = field(default_factory=dict)  # own encoder output (graph)
     enc_parts: dict[int, list[tuple[Tensor, Tensor]]] = field(default_factory=dict)
     local_feat: dict[int, Tensor] = field(default_factory=dict)  # stage 0: leaf of own output

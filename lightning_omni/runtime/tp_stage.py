@@ -7,14 +7,17 @@ weights tied, and gives the rest of the runtime the local-shard views it works o
 collectives and the clip norm see each process's local shard, checkpoints see full tensors.
 
 Meshes: the processes of one plan rank form its TP group (``Layout``, TP innermost). The LLM
-parts are sharded over the whole group; the encoders too (``encoder_tp == tp``), or not at all
-(``encoder_tp == 1``: every TP rank runs the whole encoder on the same samples).
+parts are sharded over the whole group. The encoders are sharded over the whole group
+(``encoder_tp == tp``) or over lanes of ``encoder_tp`` consecutive TP ranks, each lane encoding
+its own share of the samples (``encoder_lanes``; ``encoder_tp == 1``: plain encoders, one lane
+per TP rank).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -23,32 +26,47 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..spec import OmniSpec
+from .encoder_lanes import EncoderLanes
 from .hosting import all_modules, all_parameters, stage_modules
 from .layout import Layout
 
 
 @dataclass(frozen=True)
 class StageTP:
-    """This process's TP meshes (``encoder_mesh`` None: encoders replicated, unsharded)."""
+    """This process's TP meshes (``encoder_mesh`` None: encoders plain, unsharded) and its
+    encoder lane (None: one lane, the whole TP group)."""
 
     mesh: DeviceMesh
     encoder_mesh: DeviceMesh | None
     degree: int
     encoder_degree: int
+    lanes: EncoderLanes | None = None
 
 
-def make_meshes(layout: Layout, encoder_tp: int, device: torch.device) -> StageTP:
-    """The LLM mesh (this plan rank's TP group) and the encoders' mesh: the same one, or
-    None (encoders plain, replicated). Every process builds the mesh of every plan rank
-    (DeviceMesh creates all slices' groups collectively, in one order)."""
+def make_meshes(layout: Layout, encoder_tp: int, device: torch.device,
+                timeout: timedelta | None = None) -> StageTP:
+    """The LLM mesh (this plan rank's TP group), the encoders' mesh (the same one, this
+    process's lane of ``encoder_tp`` ranks, or None: plain encoders) and the lane peers'
+    group. Every process builds the meshes of every plan rank (DeviceMesh creates all
+    slices' groups collectively, in one order)."""
     tp = layout.tp
-    if encoder_tp not in (1, tp):
-        raise ValueError(f"encoder_tensor_parallel: expected 1 (encoders replicated over the "
-                         f"TP group) or tensor_parallel={tp}, got {encoder_tp} (encoder lanes "
-                         "of fewer ranks, each encoding its own samples, are not implemented)")
+    if encoder_tp < 1 or tp % encoder_tp:
+        raise ValueError(f"encoder_tensor_parallel: expected a divisor of tensor_parallel={tp} "
+                         f"(the encoders run in tensor_parallel // encoder_tensor_parallel "
+                         f"lanes), got {encoder_tp}")
     ranks = torch.arange(layout.global_world_size).view(layout.world_size, tp)
     mesh = DeviceMesh(device.type, ranks, mesh_dim_names=("plan", "tp"))["tp"]
-    return StageTP(mesh, mesh if encoder_tp == tp else None, tp, encoder_tp)
+    if encoder_tp == tp:
+        return StageTP(mesh, mesh, tp, encoder_tp)
+    count = tp // encoder_tp
+    if encoder_tp == 1:
+        enc_mesh, peers = None, mesh
+    else:
+        split = ranks.view(layout.world_size, count, encoder_tp)
+        grid = DeviceMesh(device.type, split, mesh_dim_names=("plan", "lane", "enc"))
+        enc_mesh, peers = grid["enc"], grid["lane"]
+    lanes = EncoderLanes(count, layout.tp_rank // encoder_tp, peers.get_group(), timeout)
+    return StageTP(mesh, enc_mesh, tp, encoder_tp, lanes)
 
 
 def hosted_parts(layout: Layout, owns_encoders: bool) -> list[str]:
@@ -103,10 +121,14 @@ def sharded_grad(param: Tensor) -> Tensor | None:
 def counted_in_norm(param: Tensor, layout: Layout) -> bool:
     """Whether this process adds ``param``'s local gradient to a global norm, so that every
     element enters once over the TP group: every shard of a sharded parameter, a replicated
-    DTensor's or a plain parameter's gradient (equal on every TP rank) on TP rank 0 only."""
+    DTensor's or a plain parameter's gradient (equal on every TP rank) on TP rank 0 only; an
+    encoder lane's parameters (a mesh smaller than the TP group: every lane holds the same
+    ones) in the first lane only."""
     if not isinstance(param, DTensor):
         return layout.tp_rank == 0
     mesh = param.device_mesh
+    if layout.tp_rank >= mesh.size():  # not the first lane
+        return False
     return all(mesh.get_local_rank(d) == 0 for d, pl in enumerate(param.placements)
                if not pl.is_shard())
 

@@ -71,29 +71,30 @@ class OmniToy(pl.LightningModule):
 
     def __init__(self, hidden: int = 16, layers: int = 4, lr: float = 1e-2,
                  width: int = 12, encoder: str = "plain", tie: bool = False,
-                 dropout: float = 0.0) -> None:
+                 dropout: float = 0.0, heads: int = 2) -> None:
         super().__init__()
         self.lr = lr
-        self._build(hidden, layers, width, encoder, tie, dropout)
+        self._build(hidden, layers, width, encoder, tie, dropout, heads)
 
     def _build(self, hidden: int, layers: int, width: int, encoder: str, tie: bool,
-               dropout: float = 0.0) -> None:
+               dropout: float = 0.0, heads: int = 2) -> None:
         """``encoder``: "plain" (``Encoder``), "token" (``TokenEncoder``, which LSSP can split;
         "token4": with 4 heads instead of 2)
         or "mixed" (a TokenEncoder for images, an ``Encoder`` for audio). ``dropout > 0``: an
-        ``nn.Dropout`` after every MLP/projector (the same parameters and initial values)."""
+        ``nn.Dropout`` after every MLP/projector (the same parameters and initial values).
+        ``heads``: the LLM blocks' attention heads (4 for TP4)."""
         if encoder in ("token", "token4", "mixed"):  # attention swappable: LSSP can split
             from lightning_omni.runtime.token_encoder import TokenEncoder
 
-            heads = 4 if encoder == "token4" else 2  # token4: 2 heads per rank at TP2
-            self.image_encoder = TokenEncoder(IMG_DIM, width, heads, 1, out_dim=hidden)
-            self.audio_encoder = (TokenEncoder(AUD_DIM, width, heads, 1, out_dim=hidden)
+            enc_heads = 4 if encoder == "token4" else 2  # token4: 2 heads per rank at TP2
+            self.image_encoder = TokenEncoder(IMG_DIM, width, enc_heads, 1, out_dim=hidden)
+            self.audio_encoder = (TokenEncoder(AUD_DIM, width, enc_heads, 1, out_dim=hidden)
                                   if encoder != "mixed" else Encoder(AUD_DIM, width, hidden))
         else:
             self.image_encoder = Encoder(IMG_DIM, width, hidden)
             self.audio_encoder = Encoder(AUD_DIM, width, hidden)
         self.embed = Embedding(hidden)
-        self.blocks = nn.ModuleList(Block(hidden) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(hidden, heads=heads) for _ in range(layers))
         self.head = Head(hidden)
         if tie:  # the head's output weight is the token embedding (stages 0 and P-1 share it)
             self.head.out.weight = self.embed.tok.weight

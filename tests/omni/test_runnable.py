@@ -41,7 +41,7 @@ def test_runnable_layouts_map_to_strategy_arguments():
 
 
 @pytest.mark.parametrize("system, cfg, sc, words", [
-    ("omni", ParallelConfig(2, 2, 2), _scenario(), "tensor parallelism"),
+    ("omni", ParallelConfig(4, 2, 1, encoder_tp=3), _scenario(), "tensor parallelism"),
     ("omni", ParallelConfig(1, 2, 4, encoder_tp=2), _scenario(), "tensor parallelism"),
     ("megatron", ParallelConfig(1, 4, 2, vpp=2), _scenario(global_batch=6),
      "no multiple of pp"),
@@ -89,8 +89,8 @@ def test_interleaved_layouts_launch_with_their_chunks():
 
 def test_tensor_parallel_layouts_launch_where_the_runtime_runs_them():
     """TP at the encoders' degree (ZeRO-1 over DP too), Omni's with and without LSSP and
-    grouped reordering: the strategy's TP arguments. Encoder TP below TP (encoder lanes) is
-    refused."""
+    grouped reordering: the strategy's TP arguments. Encoder TP below TP runs as encoder
+    lanes; an encoder TP above TP or not dividing it is refused."""
     from lightning_omni import OmniStrategy
 
     mega = launch("megatron", ParallelConfig(2, 2, 2, encoder_tp=2), _scenario())
@@ -106,8 +106,13 @@ def test_tensor_parallel_layouts_launch_where_the_runtime_runs_them():
     assert grouped.runnable, grouped.why_not
     strategy = OmniStrategy(**grouped.strategy_kwargs)
     assert strategy.lssp and strategy.reorder and strategy.encoder_tensor_parallel == 2
-    lanes = launch("omni", ParallelConfig(2, 4, 1, encoder_tp=1), _scenario())
-    assert not lanes.runnable and "encoder TP 1 below the LLM's TP 2" in lanes.why_not[0]
+    lanes = launch("omni", ParallelConfig(4, 2, 1, encoder_tp=2), _scenario())
+    assert lanes.runnable, lanes.why_not
+    strategy = OmniStrategy(**lanes.strategy_kwargs)
+    assert (strategy.tensor_parallel, strategy.encoder_tensor_parallel) == (4, 2)
+    assert strategy.lssp and strategy.reorder
+    odd = launch("omni", ParallelConfig(4, 2, 1, encoder_tp=3), _scenario())
+    assert not odd.runnable and "encoder TP 3 does not divide the LLM's TP 4" in odd.why_not[0]
 
 
 def test_runnable_grid_searches_exactly_the_layouts_launch_accepts():
@@ -209,8 +214,9 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "omni_plan"
 def test_runnable_only_plans_the_paper_workloads(tmp_path, capsys, recipe):
     """``omni-plan --runnable-only`` on the paper's workloads: Omni and Megatron-like each
     get a layout that runs, whose arguments build an ``OmniStrategy``, and that fits where
-    the planner says so. The recipe's own keys are cut to one mix and two sampled steps to
-    keep it fast (models, cluster, batch and phases as the recipe)."""
+    the planner says so; Omni's is the unrestricted search's pick. The recipe's own keys are
+    cut to one mix and two sampled steps to keep it fast (models, cluster, batch and phases
+    as the recipe)."""
     from lightning_omni import OmniStrategy
 
     workload = yaml.safe_load((RECIPES / recipe).read_text())
@@ -243,3 +249,10 @@ def test_runnable_only_plans_the_paper_workloads(tmp_path, capsys, recipe):
                  and ln.endswith(f"  {row['config']}")]
         assert lines and all(ln.endswith(f" yes   {row['config']}") for ln in lines), lines
     assert "runs no" not in text
+    free = tmp_path / "free"  # the unrestricted search on the same workload
+    assert main([str(path), "--no-plots", "--out-dir", str(free)]) == 0
+    capsys.readouterr()
+    best = json.loads((free / "summary.json").read_text())["omni"][0]
+    assert best["config"] == summary["omni"][0]["config"], (best["config"],
+                                                            summary["omni"][0]["config"])
+    assert best["launch"]["runnable"], best["launch"]["why_not"]

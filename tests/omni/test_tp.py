@@ -48,13 +48,18 @@ GROUPED = {"name": "dp2_lssp_reorder", "pp": 1, "dp": 2, "tp": 2, "encoder": "to
 # the same with TP-sharded token encoders of 4 heads: Ulysses splits each TP rank's 2 heads
 GROUPED_TP = {**GROUPED, "name": "dp2_lssp_reorder_enc_tp2", "encoder": "token4",
               "encoder_tp": 2, "log": False}
+# encoder lanes in workload A's shape (TP4, encoder TP2, encoder recomputation): two lanes of
+# two processes, each lane's token encoders sharded two ways (4 heads: 2 per process)
+LANES = {"name": "tp4_enc_tp2_lanes", "pp": 1, "dp": 1, "tp": 4, "heads": 4,
+         "encoder": "token4", "encoder_tp": 2, "schedule": "uniform_insertion",
+         "encoder_recompute": True, "clip": CLIP}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("tp_ckpt")
     ranks = spawn(tp_worker, 4, [*PP2, *RESUMES, *DP2, DP2_RESUME, GROUPED, GROUPED_TP,
-                                 *COMBOS, BF16], BATCH, SAMPLES, str(ckpt), timeout=300)
+                                 *COMBOS, BF16, LANES], BATCH, SAMPLES, str(ckpt), timeout=300)
     return ranks, ckpt
 
 
@@ -189,6 +194,31 @@ def test_tp2_dp2_lssp_and_reordering_with_tp_sharded_encoders(runs):
         assert not any(n.endswith("qkv.weight") for n in got["plain0"]), got["plain0"]
 
 
+def test_tp4_encoder_lanes_match_the_plain_run(runs, tied):
+    """TP4 with the encoders at TP2 (two lanes of two processes), encoder recomputation,
+    clipping by the global norm (each lane's encoder shards counted once): float64 equality
+    with the plain run, and each lane encoded a share of the samples, not all of them."""
+    ranks, _ = runs
+    kw = {"encoder": "token4", "heads": 4}
+    ref = reference(SAMPLES // BATCH, BATCH, SAMPLES, clip=CLIP, **kw)
+    _check(ranks, LANES["name"], ref, {n for n, _ in make_tp_model(0, **kw).named_parameters()})
+    rows = [r[LANES["name"]]["rows_encoded"] for r in ranks]  # TP ranks 0..3: lanes 0,0,1,1
+    assert rows[0] == rows[1] and rows[2] == rows[3], rows  # a lane's processes: the same rows
+    assert 0 < rows[0] and 0 < rows[2], rows
+    for r in ranks:  # the encoders really are sharded within the lane
+        assert not any(n.endswith("qkv.weight") for n in r[LANES["name"]]["plain0"])
+
+
+def test_tp2_dp2_encoder_lanes_of_one_process_share_the_samples(runs):
+    """Encoder TP 1 under TP2: each TP rank is a lane and encodes its own share of the rank's
+    samples, in the per-replica plans and in the LSSP group plans."""
+    ranks, _ = runs
+    for name in (DP2[1]["name"], GROUPED["name"]):
+        for a, b in ((0, 1), (2, 3)):  # the two processes of each plan rank
+            ra, rb = ranks[a][name]["rows_encoded"], ranks[b][name]["rows_encoded"]
+            assert ra > 0 and rb > 0, (name, ra, rb)
+
+
 def test_tp2_pp2_with_interleaved_stages_and_recomputation_match_the_plain_run(runs, tied):
     """TP2 x PP2 x VPP2 (both schedules: each stage shards the blocks of both its chunks) and
     TP2 x PP2 with ``recompute`` and ``encoder_recompute`` (checkpointed DTensor blocks and
@@ -233,9 +263,9 @@ def test_tp2_pp2_bf16_mixed_is_close_to_the_plain_bf16_run(runs):
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"tensor_parallel": 4, "encoder_tensor_parallel": 2, "lssp": True},
-     "encoder_tensor_parallel: expected 1 .* or tensor_parallel=4"),
-    ({"tensor_parallel": 4, "encoder_tensor_parallel": 2}, "encoder_tensor_parallel: expected"),
+    ({"tensor_parallel": 4, "encoder_tensor_parallel": 3, "lssp": True},
+     "encoder_tensor_parallel: expected a divisor of tensor_parallel=4"),
+    ({"tensor_parallel": 2, "encoder_tensor_parallel": 4}, "encoder_tensor_parallel: expected"),
     ({"tensor_parallel": 0}, "tensor_parallel: expected"),
 ])
 def test_refused_combinations_name_their_arguments(kwargs, words):

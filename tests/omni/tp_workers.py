@@ -171,7 +171,8 @@ def _fit(rank: int, world: int, run: dict[str, Any], samples: int, batch: int,
     path = os.path.join(ckpt_dir, f"{run['resume']}.ckpt") if run.get("resume") else None
     dtype = _dtype(run.get("precision"))
     model = make_tp_model(1 if path else 0, lazy=run.get("lazy", False), tie=run.get("tie"),
-                          encoder=run.get("encoder", "plain"), dtype=dtype)
+                          encoder=run.get("encoder", "plain"), dtype=dtype,
+                          **({"heads": run["heads"]} if "heads" in run else {}))
     if run.get("lazy"):  # built in fit: from the seed, as the reference's model right after it
         torch.manual_seed(0)
     strategy = _strategy(run)
@@ -200,7 +201,7 @@ def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, sam
     """Per run (``name``, ``pp``, ``dp``, ``tp``, ``schedule``, optional ``tie``, ``clip``,
     ``clip_algorithm``, ``encoder_tp``, ``vpp``, ``recompute``, ``encoder_recompute``,
     ``precision``, ``lazy``, ``zero``, ``lssp``, ``reorder``, ``lssp_max_rows``, ``encoder``,
-    ``evaluate``, ``log``, ``save``, ``resume``; see ``_fit``):
+    ``heads``, ``evaluate``, ``log``, ``save``, ``resume``; see ``_fit``):
     losses, the metrics logged (rank 0), the encoder group plan's metrics, first-step
     gradients and final hosted parameters (whole), the plain gradients as held, validation
     outputs and predictions, this rank's plan and TP ranks, the parameter and optimizer-state
@@ -227,6 +228,7 @@ def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, sam
             "state_bytes": state_bytes(strategy.optimizers[0]),
             "group_heads": (strategy.engine.group_options.heads
                             if strategy.engine.group_options is not None else None),
+            "rows_encoded": strategy.last_step.record.rows_encoded,
             "wall_s": time.perf_counter() - start}
     return out
 
