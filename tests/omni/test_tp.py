@@ -50,6 +50,11 @@ GROUPED_TP = {**GROUPED, "name": "dp2_lssp_reorder_enc_tp2", "encoder": "token4"
               "encoder_tp": 2, "log": False}
 # encoder lanes in workload A's shape (TP4, encoder TP2, encoder recomputation): two lanes of
 # two processes, each lane's token encoders sharded two ways (4 heads: 2 per process)
+# the done-when's one case: ZeRO-1, a meta build, the head tied to the embedding (one stage)
+# and clipping by norm, all in one TP2 x DP2 run
+ALL_IN_ONE = {"name": "dp2_zero_meta_tied_clip", "pp": 1, "dp": 2, "tp": 2,
+              "schedule": "uniform_insertion", "zero": 1, "lazy": True, "tie": True,
+              "clip": CLIP}
 LANES = {"name": "tp4_enc_tp2_lanes", "pp": 1, "dp": 1, "tp": 4, "heads": 4,
          "encoder": "token4", "encoder_tp": 2, "schedule": "uniform_insertion",
          "encoder_recompute": True, "clip": CLIP}
@@ -59,7 +64,8 @@ LANES = {"name": "tp4_enc_tp2_lanes", "pp": 1, "dp": 1, "tp": 4, "heads": 4,
 def runs(tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("tp_ckpt")
     ranks = spawn(tp_worker, 4, [*PP2, *RESUMES, *DP2, DP2_RESUME, GROUPED, GROUPED_TP,
-                                 *COMBOS, BF16, LANES], BATCH, SAMPLES, str(ckpt), timeout=300)
+                                 *COMBOS, BF16, LANES, ALL_IN_ONE], BATCH, SAMPLES, str(ckpt),
+                  timeout=300)
     return ranks, ckpt
 
 
@@ -192,6 +198,17 @@ def test_tp2_dp2_lssp_and_reordering_with_tp_sharded_encoders(runs):
         assert got["grouped"]["lssp/sp_degree_max"] == 2
         # the encoders really are sharded: each qkv weight is a DTensor, not a plain tensor
         assert not any(n.endswith("qkv.weight") for n in got["plain0"]), got["plain0"]
+
+
+def test_tp2_dp2_zero_meta_build_tied_head_and_clipping_together(runs, tied):
+    """TP2 x DP2 with ZeRO-1, the model built on the meta device, the head tied to the
+    embedding (one vocabulary-sharded weight on the one stage) and clipping by norm, in one
+    run: float64 equality with the plain run."""
+    ranks, _ = runs
+    _check(ranks, ALL_IN_ONE["name"], tied[1],
+           {n for n, _ in make_tp_model(0, tie=True).named_parameters()})
+    for r in ranks:
+        assert r[ALL_IN_ONE["name"]]["optimizer"] == "LocalShardZero"
 
 
 def test_tp4_encoder_lanes_match_the_plain_run(runs, tied):
