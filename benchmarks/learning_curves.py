@@ -223,6 +223,38 @@ def run_sb3(task: str, seed: int, budget_s: float, curve: Curve,
     return {"env_steps": steps, "hyperparameters": SB3_ZOO.get(task, "SB3 defaults")}
 
 
+def rsl_rl_config(recipe: dict[str, Any], env: Any) -> dict[str, Any]:
+    """rsl_rl's OnPolicyRunner config for a recipe: its sizes and PPO settings, rsl_rl's
+    names (the mapping every rsl_rl run of the benchmarks uses)."""
+    m, d = recipe["model"], recipe["data"]
+    horizon = int(d.get("horizon", 32))
+    critic = ["critic"] if "critic" in env.get_observations().keys() else ["policy"]
+    act = str(m.get("activation", "elu"))
+    return {
+        "num_steps_per_env": horizon, "save_interval": 10**9,
+        "obs_groups": {"actor": ["policy"], "critic": critic},
+        "algorithm": {
+            "class_name": "PPO", "num_learning_epochs": int(m.get("epochs", 5)),
+            "num_mini_batches": int(m.get("minibatches", 4)),
+            "clip_param": float(m.get("clip_ratio", 0.2)), "gamma": float(m.get("gamma", 0.99)),
+            "lam": float(m.get("gae_lambda", 0.95)),
+            "value_loss_coef": float(m.get("value_loss_coef", 1.0)),
+            "entropy_coef": float(m.get("entropy_coef", 0.01)),
+            "learning_rate": float(m.get("lr", 1e-3)),
+            "max_grad_norm": float(m.get("max_grad_norm") or 1e9),
+            "schedule": "adaptive" if m.get("adaptive_lr", True) else "fixed",
+            "desired_kl": float(m.get("desired_kl", 0.01))},
+        "actor": {"class_name": "MLPModel", "activation": act,
+                  "hidden_dims": list(m.get("actor_hidden", [512, 256, 128])),
+                  "obs_normalization": bool(m.get("normalize_obs", True)),
+                  "distribution_cfg": {"class_name": "GaussianDistribution",
+                                       "init_std": math.exp(float(m.get("init_log_std", 0.0)))}},
+        "critic": {"class_name": "MLPModel", "activation": act,
+                   "hidden_dims": list(m.get("critic_hidden", [512, 256, 128])),
+                   "obs_normalization": bool(m.get("normalize_obs", True))},
+    }
+
+
 def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict[str, Any],
                stop_at_threshold: bool) -> dict[str, Any]:
     import torch
@@ -233,7 +265,7 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
     torch.set_num_threads(1)  # the pool steps on 2 threads; updates take turns with it
     curve.restart()
     torch.manual_seed(seed)
-    m, d = recipe["model"], recipe["data"]
+    d = recipe["data"]
     num_envs, horizon = int(d.get("num_envs", 64)), int(d.get("horizon", 32))
     kwargs = _instantiate(dict(d.get("task_kwargs") or {}))
 
@@ -262,31 +294,7 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
             return obs, rewards, dones, extras
 
     env = Recording(task, num_envs, 2, seed=seed, **kwargs)
-    critic = ["critic"] if "critic" in env.get_observations().keys() else ["policy"]
-    act = str(m.get("activation", "elu"))
-    cfg = {
-        "num_steps_per_env": horizon, "save_interval": 10**9,
-        "obs_groups": {"actor": ["policy"], "critic": critic},
-        "algorithm": {
-            "class_name": "PPO", "num_learning_epochs": int(m.get("epochs", 5)),
-            "num_mini_batches": int(m.get("minibatches", 4)),
-            "clip_param": float(m.get("clip_ratio", 0.2)), "gamma": float(m.get("gamma", 0.99)),
-            "lam": float(m.get("gae_lambda", 0.95)),
-            "value_loss_coef": float(m.get("value_loss_coef", 1.0)),
-            "entropy_coef": float(m.get("entropy_coef", 0.01)),
-            "learning_rate": float(m.get("lr", 1e-3)),
-            "max_grad_norm": float(m.get("max_grad_norm") or 1e9),
-            "schedule": "adaptive" if m.get("adaptive_lr", True) else "fixed",
-            "desired_kl": float(m.get("desired_kl", 0.01))},
-        "actor": {"class_name": "MLPModel", "activation": act,
-                  "hidden_dims": list(m.get("actor_hidden", [512, 256, 128])),
-                  "obs_normalization": bool(m.get("normalize_obs", True)),
-                  "distribution_cfg": {"class_name": "GaussianDistribution",
-                                       "init_std": math.exp(float(m.get("init_log_std", 0.0)))}},
-        "critic": {"class_name": "MLPModel", "activation": act,
-                   "hidden_dims": list(m.get("critic_hidden", [512, 256, 128])),
-                   "obs_normalization": bool(m.get("normalize_obs", True))},
-    }
+    cfg = rsl_rl_config(recipe, env)
     runner = OnPolicyRunner(env, cfg, log_dir=None, device="cpu")
     try:
         runner.learn(10**9)
