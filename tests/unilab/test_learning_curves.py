@@ -3,25 +3,19 @@ schema of a seconds-long run of APPO and SB3 PPO on InvertedPendulum-v5."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from unilab_models import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def lc():
-    spec = importlib.util.spec_from_file_location("learning_curves",
-                                                  ROOT / "benchmarks" / "learning_curves.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["learning_curves"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("learning_curves")
 
 
 def test_curve_means_the_latest_episodes_and_times_the_threshold(lc) -> None:

@@ -3,24 +3,18 @@ ms; the table reads what the JSON holds."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from unilab_models import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bd():
-    spec = importlib.util.spec_from_file_location("rl_breakdown",
-                                                  ROOT / "benchmarks" / "rl_breakdown.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["rl_breakdown"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("rl_breakdown")
 
 
 class _Work:

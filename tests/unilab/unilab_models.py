@@ -60,3 +60,17 @@ def serial_steps(model: mujoco.MjModel, row: np.ndarray, nstep: int) -> np.ndarr
     out = np.empty_like(row)
     mujoco.mj_getState(model, data, out, INTEGRATION)
     return out
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (benchmarks are scripts, not a package)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
