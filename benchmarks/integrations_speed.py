@@ -33,7 +33,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from lightning_unilab.gym import PoolVectorEnv
+from lightning_unilab.envs.gym import PoolVectorEnv
 from lightning_unilab.integrations import RslRlVecEnv, SB3VecEnv
 
 sys.path.insert(0, str(Path(__file__).parent))

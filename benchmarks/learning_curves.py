@@ -137,8 +137,8 @@ def run_lightning(task: str, mode: str, seed: int, budget_s: float, curve: Curve
     import lightning.pytorch as pl
     import torch
 
-    from lightning_unilab.appo import APPOModule
-    from lightning_unilab.data import RolloutDataModule
+    from lightning_unilab.learner.appo import APPOModule
+    from lightning_unilab.runtime.data import RolloutDataModule
 
     torch.set_num_threads(1)
     curve.restart()

@@ -25,7 +25,7 @@ from mujoco import batch as mjbatch
 from mujoco import rollout
 
 from lightning_unilab import BatchEnvPool
-from lightning_unilab.assets import g1_flat_scene
+from lightning_unilab.envs.assets import g1_flat_scene
 
 NSTEP = 10  # substeps per call: one 0.02 s control step of the G1 task
 
@@ -73,7 +73,7 @@ import numpy as np, psutil, mujoco, sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from pool_throughput import randomization
 from lightning_unilab import BatchEnvPool
-from lightning_unilab.assets import g1_flat_scene
+from lightning_unilab.envs.assets import g1_flat_scene
 model = mujoco.MjModel.from_xml_path(str(g1_flat_scene()))
 before = psutil.Process().memory_info().rss
 pool = BatchEnvPool(model, {num_envs})

@@ -46,11 +46,11 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_unilab.appo import APPOModule
-from lightning_unilab.data import EnvSpec, RolloutDataModule
-from lightning_unilab.policy import ActorCritic
-from lightning_unilab.rollout import RolloutSpec, RolloutState, as_tensors, collect
-from lightning_unilab.vector_env import TaskVectorEnv
+from lightning_unilab.envs.vector_env import TaskVectorEnv
+from lightning_unilab.learner.appo import APPOModule
+from lightning_unilab.learner.policy import ActorCritic
+from lightning_unilab.runtime.data import EnvSpec, RolloutDataModule
+from lightning_unilab.runtime.rollout import RolloutSpec, RolloutState, as_tensors, collect
 
 TASK = "g1-walk-flat"
 HIDDEN = (512, 256, 128)

@@ -33,9 +33,9 @@ from lightning.pytorch.callbacks import Callback
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rl_cycle import measure_collect  # noqa: E402
 
-from lightning_unilab.appo import APPOModule  # noqa: E402
-from lightning_unilab.collector import available_cpus  # noqa: E402
-from lightning_unilab.data import RolloutDataModule  # noqa: E402
+from lightning_unilab.learner.appo import APPOModule  # noqa: E402
+from lightning_unilab.runtime.collector import available_cpus  # noqa: E402
+from lightning_unilab.runtime.data import RolloutDataModule  # noqa: E402
 from lightning_unilab.train import UniLabCLI  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,10 +29,10 @@ import numpy as np
 from mujoco import batch as mjbatch
 from mujoco import rollout as mjrollout
 
-from lightning_unilab.tasks import g1_xml
-from lightning_unilab.tasks.g1_walk import G1WalkFlat
-from lightning_unilab.tasks.rng import EnvRng
-from lightning_unilab.vector_env import TaskVectorEnv
+from lightning_unilab.envs.tasks import g1_xml
+from lightning_unilab.envs.tasks.g1_walk import G1WalkFlat
+from lightning_unilab.envs.tasks.rng import EnvRng
+from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 GYM_ENVS = {"ant": "Ant-v5", "halfcheetah": "HalfCheetah-v5"}
 

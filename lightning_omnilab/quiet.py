@@ -4,7 +4,7 @@ Each function drops exactly one message (a regex on its text, plus its warning c
 logger) and says why the project cannot remove the cause. The modules that trigger a notice call
 the function at import, so the filter exists in every process that runs them (Lightning relaunches
 the script on each rank) and nothing else anyone else warns about is hidden. Where the project
-could fix a cause, it does so instead (e.g. ``lightning_unilab.tasks`` compiles gymnasium's
+could fix a cause, it does so instead (e.g. ``lightning_unilab.envs.tasks`` compiles gymnasium's
 ``settotalmass`` models itself).
 """
 

@@ -1,6 +1,18 @@
-"""MuJoCoUni + UniLab for Lightning: robot RL with MuJoCo on CPU threads."""
+"""MuJoCoUni + UniLab for Lightning: robot RL with MuJoCo on CPU threads.
+
+Rooms: ``envs/`` (the pool, tasks and env adapters), ``runtime/`` (the collector process, the
+shared-memory ring and the DataModule), ``learner/`` (APPO and its maths); ``train`` and
+``evaluate`` are the commands. The module paths from before the rooms still import
+(:mod:`lightning_unilab._moved`).
+"""
+
+import importlib
 
 import mujoco
+
+from lightning_unilab import _moved
+
+_moved.install()
 
 try:
     from lightning_unilab import _core
@@ -26,23 +38,25 @@ def _check_mujoco_version() -> None:
 
 _check_mujoco_version()
 
-from lightning_unilab.pool import STATUS_ERROR, BatchEnvPool, describe_status  # noqa: E402
-from lightning_unilab.vector_env import StepBuffers, TaskVectorEnv  # noqa: E402
+from lightning_unilab.envs.pool import STATUS_ERROR, BatchEnvPool, describe_status  # noqa: E402
+from lightning_unilab.envs.vector_env import StepBuffers, TaskVectorEnv  # noqa: E402
 
 __all__ = ["BatchEnvPool", "STATUS_ERROR", "StepBuffers", "TaskVectorEnv", "describe_status"]
 
 try:  # gymnasium is optional: with it, the tasks are registered as omnilab/<name>
-    from lightning_unilab.registration import register_envs as _register_envs
+    from lightning_unilab.envs.registration import register_envs as _register_envs
 except ImportError:  # pragma: no cover - depends on the installation
     pass
 else:
     _register_envs()
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     # the gymnasium adapter imports gymnasium, an optional dependency: load it on first use
     if name == "PoolVectorEnv":
-        from lightning_unilab.gym import PoolVectorEnv
+        from lightning_unilab.envs.gym import PoolVectorEnv
 
         return PoolVectorEnv
+    if f"{__name__}.{name}" in _moved.MOVED:  # an old submodule, e.g. lightning_unilab.tasks
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'lightning_unilab' has no attribute {name!r}")

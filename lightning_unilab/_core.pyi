@@ -1,4 +1,4 @@
-"""Type stubs of the C++ extension; lightning_unilab.pool is its documented Python face."""
+"""Type stubs of the C++ extension; lightning_unilab.envs.pool is its documented Python face."""
 
 from typing import Any
 
@@ -49,7 +49,7 @@ STATUS_BAD_ACTION: int
 def task_names() -> list[str]: ...
 
 class TaskEnv:
-    """A C++ task on a pool; lightning_unilab.vector_env.TaskVectorEnv is its Python face."""
+    """A C++ task on a pool; lightning_unilab.envs.vector_env.TaskVectorEnv is its Python face."""
 
     def __init__(
         self, pool: BatchEnvPool, task: str, params: dict[str, float], same_step: bool

@@ -121,7 +121,7 @@ def run_episode(policy: torch.nn.Module, task: str, task_kwargs: Mapping[str, An
     The episode ends at the first termination or truncation, or after ``max_steps`` steps.
     ``task_kwargs`` are TaskVectorEnv keywords (params, randomization ...), as the data module's.
     """
-    from lightning_unilab.vector_env import TaskVectorEnv
+    from lightning_unilab.envs.vector_env import TaskVectorEnv
 
     max_steps = positive_int("max_steps", max_steps, none_ok=True)
     kwargs = dict(task_kwargs or {})
@@ -273,8 +273,8 @@ def plot_episode(episode: Episode, path: str | os.PathLike) -> Path:
 
 _RENDER = """
 import sys, numpy as np
-from lightning_unilab.render import EnvRenderer, write_gif
-from lightning_unilab.vector_env import TaskVectorEnv
+from lightning_unilab.envs.render import EnvRenderer, write_gif
+from lightning_unilab.envs.vector_env import TaskVectorEnv
 states, task, out, width, height, fps = sys.argv[1:7]
 env = TaskVectorEnv(task, 1, 1)
 renderer = EnvRenderer(env.model, int(width), int(height))
@@ -500,7 +500,7 @@ def _main(argv: Sequence[str] | None = None) -> None:
         ck.error(did_you_mean(f"unrecognized arguments: {' '.join(unknown)}",
                               ck._option_string_actions))
     params = _params(ck, args.param)
-    from lightning_unilab.appo import APPOModule
+    from lightning_unilab.learner.appo import APPOModule
 
     # our own checkpoint: it pickles the data module's arguments (a Randomization object)
     checkpoint = torch.load(args.ckpt, map_location="cpu", weights_only=False)

@@ -5,9 +5,9 @@
     unilab-train --config ... --ckpt_path build/runs/.../checkpoints/last.ckpt   # resume
 
 The recipe has LightningCLI's sections: ``trainer`` (logger, callbacks, max_time/max_steps),
-``model`` (:class:`~lightning_unilab.appo.APPOModule`) and ``data``
-(:class:`~lightning_unilab.data.RolloutDataModule`). There are no subcommands: the command fits.
-``--learner_threads`` sets the learner's torch threads (default 1: with one collector thread,
+``model`` (:class:`~lightning_unilab.learner.appo.APPOModule`) and ``data``
+(:class:`~lightning_unilab.runtime.data.RolloutDataModule`). There are no subcommands: the command
+fits. ``--learner_threads`` sets the learner's torch threads (default 1: with one collector thread,
 the two processes use one core each). When the run ends the TensorBoard log directory is printed.
 
 Flags are matched exactly: a typo fails and names the closest flag (argparse would otherwise take
@@ -30,8 +30,8 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_omnilab.validate import positive_int
-from lightning_unilab.appo import APPOModule
-from lightning_unilab.data import RolloutDataModule
+from lightning_unilab.learner.appo import APPOModule
+from lightning_unilab.runtime.data import RolloutDataModule
 
 __all__ = ["UniLabArgumentParser", "UniLabCLI", "did_you_mean", "main"]
 

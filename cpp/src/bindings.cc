@@ -1,5 +1,5 @@
 // Python bindings of lightning_unilab._core. Validation and documentation live in
-// lightning_unilab/pool.py; here ids and buffers arrive already checked.
+// lightning_unilab/envs/pool.py; here ids and buffers arrive already checked.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

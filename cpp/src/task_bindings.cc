@@ -1,5 +1,5 @@
 // Bindings of the task layer: TaskEnv over a BatchEnvPool, and the task registry. Buffers arrive
-// validated by lightning_unilab/vector_env.py; the checks here only keep C++ memory-safe.
+// validated by lightning_unilab/envs/vector_env.py; the checks here only keep C++ memory-safe.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

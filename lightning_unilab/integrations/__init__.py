@@ -5,7 +5,7 @@
 - :class:`~lightning_unilab.integrations.rsl_rl.RslRlVecEnv`: an rsl_rl ``VecEnv`` (extra
   ``rsl_rl``): ``OnPolicyRunner(RslRlVecEnv("g1-walk-flat", 1024), train_cfg)``.
 
-CleanRL and other gymnasium users need no adapter: :class:`lightning_unilab.gym.PoolVectorEnv`
+CleanRL and other gymnasium users need no adapter: :class:`lightning_unilab.envs.gym.PoolVectorEnv`
 is a gymnasium vector env. See docs/unilab/integrations.md.
 """
 

@@ -25,8 +25,8 @@ from rsl_rl.env import VecEnv
 from tensordict import TensorDict
 
 from lightning_unilab import _core
-from lightning_unilab.tasks.base import NumpyTask
-from lightning_unilab.vector_env import TaskVectorEnv
+from lightning_unilab.envs.tasks.base import NumpyTask
+from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 __all__ = ["RslRlVecEnv"]
 

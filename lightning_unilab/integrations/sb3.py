@@ -29,8 +29,8 @@ from stable_baselines3.common.vec_env.base_vec_env import (
     VecEnvStepReturn,
 )
 
-from lightning_unilab.tasks.base import NumpyTask
-from lightning_unilab.vector_env import TaskVectorEnv
+from lightning_unilab.envs.tasks.base import NumpyTask
+from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 __all__ = ["SB3VecEnv"]
 

@@ -41,7 +41,7 @@ def _assert_quiet(output: str) -> None:
 
 
 def test_gym_models_compile_without_the_settotalmass_warning_and_identically(capfd):
-    from lightning_unilab import tasks
+    from lightning_unilab.envs import tasks
 
     path = tasks.gym_xml("half_cheetah.xml")
     assert "settotalmass" in path.read_text()  # the case this covers still exists

@@ -8,9 +8,9 @@ from typing import Any
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
-from lightning_unilab.policy import ActorCritic
-from lightning_unilab.rollout import RolloutSpec, RolloutState, as_tensors, collect
-from lightning_unilab.vector_env import TaskVectorEnv
+from lightning_unilab.envs.vector_env import TaskVectorEnv
+from lightning_unilab.learner.policy import ActorCritic
+from lightning_unilab.runtime.rollout import RolloutSpec, RolloutState, as_tensors, collect
 
 
 class FixedBatches(pl.LightningDataModule):

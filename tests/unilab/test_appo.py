@@ -9,10 +9,10 @@ import torch
 from inprocess_rollouts import FixedBatches, one_rollout
 from torch.distributions import Normal, kl_divergence
 
-from lightning_unilab import losses
-from lightning_unilab.appo import APPOModule, adapted_lr, next_actor_lr
-from lightning_unilab.policy import ActorCritic, ValueNormalizer
-from lightning_unilab.rollout import RolloutSpec
+from lightning_unilab.learner import losses
+from lightning_unilab.learner.appo import APPOModule, adapted_lr, next_actor_lr
+from lightning_unilab.learner.policy import ActorCritic, ValueNormalizer
+from lightning_unilab.runtime.rollout import RolloutSpec
 
 # ---------------------------------------------------------------- loss terms by hand
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from shm_probe import our_blocks as _shm
 
-from lightning_unilab.collector import Collector, CollectorConfig, CollectorError
-from lightning_unilab.policy import ActorCritic
-from lightning_unilab.rollout import RolloutSpec, as_tensors
+from lightning_unilab.learner.policy import ActorCritic
+from lightning_unilab.runtime.collector import Collector, CollectorConfig, CollectorError
+from lightning_unilab.runtime.rollout import RolloutSpec, as_tensors
 
 TASK = "InvertedPendulum-v5"
 
@@ -100,8 +100,8 @@ def test_policy_of_the_wrong_size_is_refused():
 
 LEARNER = textwrap.dedent("""
     import sys, time
-    from lightning_unilab.collector import Collector, CollectorConfig
-    from lightning_unilab.policy import ActorCritic
+    from lightning_unilab.runtime.collector import Collector, CollectorConfig
+    from lightning_unilab.learner.policy import ActorCritic
 
     if __name__ == "__main__":
         policy = ActorCritic(4, 4, 1, (8,), (8,))
@@ -158,16 +158,16 @@ def test_a_forked_learner_still_starts_collectors():
 def test_the_start_method_threads_and_fallbacks_are_logged(caplog, monkeypatch):
     """INFO: how the collector was started and with how many threads; WARNING: each fallback
     from forkserver to spawn, which used to be silent."""
-    from lightning_unilab import collector as collector_module
+    from lightning_unilab.runtime import collector as collector_module
 
-    caplog.set_level(logging.INFO, logger="lightning_unilab.collector")
+    caplog.set_level(logging.INFO, logger="lightning_unilab.runtime.collector")
     _collect_one()
     started = [r.getMessage() for r in caplog.records
-               if r.name == "lightning_unilab.collector" and r.levelno == logging.INFO]
+               if r.name == "lightning_unilab.runtime.collector" and r.levelno == logging.INFO]
     assert len(started) == 1, started
     assert "by forkserver" in started[0] and "1 pool threads and 1 torch thread" in started[0]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING
-                and r.name == "lightning_unilab.collector"]
+                and r.name == "lightning_unilab.runtime.collector"]
 
     caplog.clear()  # a child forked from the forkserver's owner (Lightning's ddp_fork)
     monkeypatch.setattr(collector_module, "_FORKSERVER_OWNER", [os.getpid() + 1])

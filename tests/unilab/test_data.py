@@ -9,8 +9,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from shm_probe import our_blocks as _shm
 
-from lightning_unilab.data import RolloutDataModule
-from lightning_unilab.policy import ActorCritic
+from lightning_unilab.learner.policy import ActorCritic
+from lightning_unilab.runtime.data import RolloutDataModule
 
 TASK = "InvertedPendulum-v5"
 
@@ -151,7 +151,7 @@ def test_impossible_configs_fail_at_construction(kwargs, match):
 
 
 def test_slot_larger_than_free_shared_memory_fails_in_setup(monkeypatch):
-    import lightning_unilab.ring as ring
+    import lightning_unilab.runtime.ring as ring
 
     monkeypatch.setattr(ring, "free_shm_bytes", lambda: 1 << 20)
     dm = RolloutDataModule(TASK, num_envs=4096, horizon=64)
@@ -188,8 +188,8 @@ def test_ddp_ranks_run_their_own_collectors(tmp_path):
 
 
 def test_collector_threads_default_to_the_cores_the_mode_leaves_free():
-    from lightning_unilab.collector import available_cpus
-    from lightning_unilab.data import _auto_threads
+    from lightning_unilab.runtime.collector import available_cpus
+    from lightning_unilab.runtime.data import _auto_threads
 
     cpus = available_cpus()
     assert RolloutDataModule("InvertedPendulum-v5", mode="sync").config.threads == cpus

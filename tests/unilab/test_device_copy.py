@@ -5,10 +5,10 @@ import pytest
 import torch
 from test_data import TASK, Probe, _trainer
 
-import lightning_unilab.data as data_module
-from lightning_unilab.collector import Collector
-from lightning_unilab.data import RolloutDataModule
-from lightning_unilab.device_copy import copy_to_device
+import lightning_unilab.runtime.data as data_module
+from lightning_unilab.runtime.collector import Collector
+from lightning_unilab.runtime.data import RolloutDataModule
+from lightning_unilab.runtime.device_copy import copy_to_device
 
 
 class _Event:
@@ -67,7 +67,7 @@ def test_cpu_learner_takes_lightnings_transfer():
 def test_cuda_pinned_ring_and_publisher():
     import numpy as np
 
-    from lightning_unilab.device_copy import DevicePublisher, PinnedRegion
+    from lightning_unilab.runtime.device_copy import DevicePublisher, PinnedRegion
 
     buf = np.zeros(1 << 20, np.uint8)
     region = PinnedRegion(buf)

@@ -57,7 +57,7 @@ def test_a_task_other_than_the_checkpoints_is_refused(trained, tmp_path, capsys)
 
 
 def test_a_policy_of_another_size_is_refused_naming_both():
-    from lightning_unilab.policy import ActorCritic
+    from lightning_unilab.learner.policy import ActorCritic
 
     with pytest.raises(ValueError, match=r"task: the policy expects observations of size 4 "
                                          r"and actions of size 1, but task 'Ant-v5' has "

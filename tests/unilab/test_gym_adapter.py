@@ -17,7 +17,7 @@ from gymnasium.wrappers.vector import (
 )
 
 from lightning_unilab import describe_status
-from lightning_unilab.gym import PoolVectorEnv
+from lightning_unilab.envs.gym import PoolVectorEnv
 
 
 def test_spaces_and_metadata() -> None:

@@ -9,8 +9,8 @@ import math
 import lightning.pytorch as pl
 import torch
 
-from lightning_unilab.appo import APPOModule
-from lightning_unilab.data import RolloutDataModule
+from lightning_unilab.learner.appo import APPOModule
+from lightning_unilab.runtime.data import RolloutDataModule
 
 TARGET_RETURN = 500.0  # of 1000 possible; the run usually gets there in 25-40 updates
 MAX_UPDATES = 80

@@ -16,8 +16,8 @@ from unilab_models import ARM_XML, INTEGRATION, random_ctrl, serial_steps
 
 import lightning_unilab
 from lightning_unilab import BatchEnvPool, describe_status
-from lightning_unilab.pool import STATUS_ERROR
-from lightning_unilab.vector_env import TaskVectorEnv
+from lightning_unilab.envs.pool import STATUS_ERROR
+from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 
 def started(model: mujoco.MjModel, n: int, threads: int = 2, **kwargs) -> BatchEnvPool:

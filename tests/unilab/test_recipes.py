@@ -92,8 +92,8 @@ def test_recipe_trains_two_rollouts_and_evaluates(recipe: str, tmp_path: Path) -
 def test_g1_recipe_randomizes_per_env_and_survives_pickling() -> None:
     from jsonargparse import ArgumentParser
 
-    from lightning_unilab.data import RolloutDataModule
-    from lightning_unilab.vector_env import TaskVectorEnv
+    from lightning_unilab.envs.vector_env import TaskVectorEnv
+    from lightning_unilab.runtime.data import RolloutDataModule
 
     cfg = yaml.safe_load((ROOT / "recipes" / "unilab" / "g1_walk_flat.yaml").read_text())
     parser = ArgumentParser()
@@ -102,7 +102,7 @@ def test_g1_recipe_randomizes_per_env_and_survives_pickling() -> None:
         warnings.simplefilter("always")
         dm = parser.instantiate(parser.parse_object({"data": cfg["data"]})).data
     assert not [w for w in caught if "deprecat" in str(w.message).lower()]
-    from lightning_unilab.randomization import G1Randomization
+    from lightning_unilab.envs.randomization import G1Randomization
 
     given = dm.config.task_kwargs["randomization"]
     assert isinstance(given, G1Randomization) and given.ranges["friction"] == (0.4, 1.0)
@@ -118,8 +118,8 @@ def test_g1_recipe_randomizes_per_env_and_survives_pickling() -> None:
 
 
 def test_randomization_rejects_bad_ranges() -> None:
-    from lightning_unilab.data import RolloutDataModule
-    from lightning_unilab.randomization import G1Randomization
+    from lightning_unilab.envs.randomization import G1Randomization
+    from lightning_unilab.runtime.data import RolloutDataModule
 
     with pytest.raises(ValueError, match="randomization: given both"):
         RolloutDataModule("g1-walk-flat", randomization=G1Randomization(),

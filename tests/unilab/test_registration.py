@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import lightning_unilab  # noqa: F401 - registers the ids
-from lightning_unilab import tasks
-from lightning_unilab.gym import PoolVectorEnv
-from lightning_unilab.registration import register_envs
+from lightning_unilab.envs import tasks
+from lightning_unilab.envs.gym import PoolVectorEnv
+from lightning_unilab.envs.registration import register_envs
 
 
 def test_every_task_is_registered() -> None:

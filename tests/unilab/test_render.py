@@ -18,8 +18,8 @@ SCRIPT = """
 import sys
 import numpy as np
 from PIL import Image
-from lightning_unilab.gym import PoolVectorEnv
-from lightning_unilab.render import write_gif
+from lightning_unilab.envs.gym import PoolVectorEnv
+from lightning_unilab.envs.render import write_gif
 
 envs = PoolVectorEnv("HalfCheetah-v5", 3, num_threads=1, render_mode="rgb_array",
                      render_envs=[0, 2], render_size=(64, 48))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from lightning_unilab.returns import (
+from lightning_unilab.learner.returns import (
     bootstrap_truncated,
     episode_discounts,
     gae,

@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from lightning_unilab.ring import FREE, READING, READY, WRITING, Ring
-from lightning_unilab.rollout import RolloutSpec
+from lightning_unilab.runtime.ring import FREE, READING, READY, WRITING, Ring
+from lightning_unilab.runtime.rollout import RolloutSpec
 
 SPEC = RolloutSpec(num_envs=32, horizon=16, obs_size=24, critic_size=24, action_size=4)
 FILLED = ("obs", "critic_obs", "actions", "rewards", "final_critic_obs", "last_critic_obs")

@@ -5,8 +5,14 @@ import pytest
 import torch
 
 from lightning_unilab import TaskVectorEnv
-from lightning_unilab.policy import ActorCritic
-from lightning_unilab.rollout import STATS_KEYS, RolloutSpec, RolloutState, as_tensors, collect
+from lightning_unilab.learner.policy import ActorCritic
+from lightning_unilab.runtime.rollout import (
+    STATS_KEYS,
+    RolloutSpec,
+    RolloutState,
+    as_tensors,
+    collect,
+)
 
 
 @pytest.fixture()

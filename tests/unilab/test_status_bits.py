@@ -14,7 +14,7 @@ import pytest
 from unilab_models import INTEGRATION
 
 from lightning_unilab import BatchEnvPool, describe_status
-from lightning_unilab.vector_env import STATUS_BAD_ACTION, TaskVectorEnv
+from lightning_unilab.envs.vector_env import STATUS_BAD_ACTION, TaskVectorEnv
 
 
 def serial_warnings(model: mujoco.MjModel, row: np.ndarray, nstep: int,

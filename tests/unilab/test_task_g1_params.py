@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lightning_unilab import _core
-from lightning_unilab.tasks.g1_walk import G1Params, G1WalkFlat
+from lightning_unilab.envs.tasks.g1_walk import G1Params, G1WalkFlat
 
 
 def test_the_numpy_twin_takes_its_names_and_defaults_from_the_cpp_table() -> None:

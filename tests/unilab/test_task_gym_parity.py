@@ -13,7 +13,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from lightning_unilab.vector_env import TaskVectorEnv
+from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 TASKS = ["HalfCheetah-v5", "Ant-v5", "InvertedPendulum-v5", "Hopper-v5", "Walker2d-v5",
          "Humanoid-v5"]

@@ -113,8 +113,8 @@ def test_help_lists_only_flags_that_work(capsys):
 
 
 def test_default_root_dir_moves_the_logs_and_checkpoints(tmp_path):
-    from lightning_unilab.appo import APPOModule
-    from lightning_unilab.data import RolloutDataModule
+    from lightning_unilab.learner.appo import APPOModule
+    from lightning_unilab.runtime.data import RolloutDataModule
     from lightning_unilab.train import UniLabCLI
 
     root = tmp_path / "root"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lightning_unilab import tasks
-from lightning_unilab.vector_env import STATUS_BAD_ACTION, StepBuffers, TaskVectorEnv
+from lightning_unilab.envs import tasks
+from lightning_unilab.envs.vector_env import STATUS_BAD_ACTION, StepBuffers, TaskVectorEnv
 
 
 def _run(env: TaskVectorEnv, steps: int, seed: int = 0) -> list[np.ndarray]:

@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from lightning_unilab.policy import ActorCritic
-from lightning_unilab.weights import WeightBoard
+from lightning_unilab.learner.policy import ActorCritic
+from lightning_unilab.runtime.weights import WeightBoard
 
 
 def _policy() -> ActorCritic:

@@ -17,7 +17,7 @@
 namespace omnilab {
 
 // A splitmix64 stream per environment: tiny, trivially copyable, and simple enough that the numpy
-// reference tasks reproduce it bit for bit (lightning_unilab/tasks/rng.py).
+// reference tasks reproduce it bit for bit (lightning_unilab/envs/tasks/rng.py).
 struct Rng {
   std::uint64_t state = 0;
 

@@ -1,7 +1,7 @@
 // g1-walk-flat: the 29-DoF Unitree G1 on flat ground tracking a commanded planar velocity and yaw
 // rate, in the style of MuJoCo Playground's G1 joystick task (our own terms and weights, all in
-// docs/unilab/tasks.md). lightning_unilab/tasks/g1_walk.py is the numpy twin and test reference:
-// change both together.
+// docs/unilab/tasks.md). lightning_unilab/envs/tasks/g1_walk.py is the numpy twin and test
+// reference: change both together.
 //
 // Sensor values are those of the last substep's forward pass (as mj_step leaves them, one
 // substep stale), which costs no extra forward pass per control step.
@@ -28,7 +28,7 @@ constexpr int kObs = 3 + 3 + kJoints + kJoints + kJoints + 3 + 2;  // 98
 constexpr int kCritic = kObs + 3 + 1 + 2 + 2;                       // 106
 
 // g1-walk-flat's parameters and their defaults: the one table. The numpy twin
-// (lightning_unilab/tasks/g1_walk.py) reads it through _core.task_defaults.
+// (lightning_unilab/envs/tasks/g1_walk.py) reads it through _core.task_defaults.
 const TaskParams& Defaults() {
   static const TaskParams defaults = {
       {"ctrl_dt", 0.02},

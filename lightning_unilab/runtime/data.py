@@ -6,8 +6,8 @@
 
 Contract with the LightningModule: it has an attribute ``policy`` (an ActorCritic, built in its
 ``setup``) and calls ``trainer.datamodule.publish_policy(policy)`` after each update. Each batch
-is one ring slot in the :mod:`lightning_unilab.rollout` format (``as_tensors``: tensors plus a
-``"stats"`` dict), one training step per rollout.
+is one ring slot in the :mod:`lightning_unilab.runtime.rollout` format (``as_tensors``: tensors
+plus a ``"stats"`` dict), one training step per rollout.
 
 Lifecycle: ``train_dataloader()`` (called after the module's setup) starts the collector with a
 CPU copy of ``trainer.lightning_module.policy``; ``teardown`` stops it and removes the shared
@@ -27,7 +27,7 @@ training_step(i) has published, prefetching cannot deadlock: both modes share th
 A learner on a GPU (``accelerator="gpu"``): the ring is page-locked where it is
 (``pin_ring``), so Lightning's move of a slot to the device is a non-blocking DMA that
 overlaps the learner's work; the slot goes back to the collector once that copy has finished
-(:mod:`lightning_unilab.device_copy`). The collector's inference stays on its CPU copy.
+(:mod:`lightning_unilab.runtime.device_copy`). The collector's inference stays on its CPU copy.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_omnilab import quiet
-from lightning_unilab.collector import Collector, CollectorConfig, available_cpus
-from lightning_unilab.device_copy import PinnedRegion, copy_to_device
-from lightning_unilab.randomization import Randomization
-from lightning_unilab.ring import Ring, check_num_slots
-from lightning_unilab.rollout import RolloutSpec, as_tensors
+from lightning_unilab.envs.randomization import Randomization
+from lightning_unilab.runtime.collector import Collector, CollectorConfig, available_cpus
+from lightning_unilab.runtime.device_copy import PinnedRegion, copy_to_device
+from lightning_unilab.runtime.ring import Ring, check_num_slots
+from lightning_unilab.runtime.rollout import RolloutSpec, as_tensors
 
 __all__ = ["EnvSpec", "RolloutDataModule"]
 
@@ -142,11 +142,11 @@ class RolloutDataModule(pl.LightningDataModule):
     """Rollouts of a TaskVectorEnv collected in a separate process, one slot per batch.
 
     Args:
-        task: task name (``lightning_unilab.tasks.task_names()``).
+        task: task name (``lightning_unilab.envs.tasks.task_names()``).
         num_envs, horizon: N envs x T steps per rollout.
         task_kwargs: further TaskVectorEnv keywords (``params``, ``nonfinite``, ...).
         randomization: reset-time domain randomization (a
-            :class:`~lightning_unilab.randomization.Randomization`, e.g. ``G1Randomization``),
+            :class:`~lightning_unilab.envs.randomization.Randomization`, e.g. ``G1Randomization``),
             passed to the env; a recipe names it by ``class_path``.
         num_slots: ring slots (>= 2: one read while one is written).
         writer_policy: "block" (default) or "overwrite_oldest".
@@ -197,7 +197,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.config = CollectorConfig(task, num_envs, horizon, env_kwargs,
                                       collector_threads or _auto_threads(mode, 1), seed, mode)
         self.config.check()
-        from lightning_unilab import tasks
+        from lightning_unilab.envs import tasks
 
         if task not in tasks.task_names():
             raise ValueError(f"task: expected one of {tasks.task_names()}, got {task!r}")

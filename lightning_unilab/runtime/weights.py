@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from lightning_unilab import _core
-from lightning_unilab.ring import wait_until
-from lightning_unilab.shm import SharedBlock, free_shm_bytes, new_name
+from lightning_unilab.runtime.ring import wait_until
+from lightning_unilab.runtime.shm import SharedBlock, free_shm_bytes, new_name
 
 __all__ = ["BoardHandle", "WeightBoard", "TornReadError"]
 

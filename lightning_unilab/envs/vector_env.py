@@ -7,7 +7,7 @@
 With a C++ task (a name from ``_core.task_names()``), a step is one call into the pool's worker
 threads with the GIL released: per env, actions -> controls -> substeps with instability rollback
 -> reward, termination, observation -> auto-reset, written straight into the output arrays.
-A :class:`~lightning_unilab.tasks.NumpyTask` runs the same steps in numpy between pool calls.
+A :class:`~lightning_unilab.envs.tasks.NumpyTask` runs the same steps in numpy between pool calls.
 
 Auto-reset, in gymnasium's terms (``gymnasium.vector.AutoresetMode``):
 
@@ -48,10 +48,11 @@ import mujoco
 import numpy as np
 
 from lightning_omnilab.validate import non_negative_int, one_of
-from lightning_unilab import _core, tasks
-from lightning_unilab.pool import BatchEnvPool, broadcast_real
-from lightning_unilab.tasks.base import NumpyTask, TaskSpec
-from lightning_unilab.tasks.rng import EnvRng
+from lightning_unilab import _core
+from lightning_unilab.envs import tasks
+from lightning_unilab.envs.pool import BatchEnvPool, broadcast_real
+from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec
+from lightning_unilab.envs.tasks.rng import EnvRng
 
 __all__ = ["AUTORESET_MODES", "STATUS_BAD_ACTION", "StepBuffers", "TaskVectorEnv"]
 
@@ -160,7 +161,7 @@ class TaskVectorEnv:
     """num_envs copies of a task, stepped together.
 
     Args:
-        task: a registered task name (see ``lightning_unilab.tasks.task_names()``) or a
+        task: a registered task name (see ``lightning_unilab.envs.tasks.task_names()``) or a
             :class:`NumpyTask` instance.
         num_envs, num_threads: as for :class:`BatchEnvPool`.
         autoreset: "same_step" or "next_step" (see the module doc).

@@ -1,7 +1,7 @@
 """The rollout batch: T steps of N envs, time-major, and the one function that fills it.
 
-The same layout is used for a ring slot in shared memory (:mod:`lightning_unilab.ring`) and for
-plain numpy arrays in a single process (tests, the synchronous path). :func:`collect` writes
+The same layout is used for a ring slot in shared memory (:mod:`lightning_unilab.runtime.ring`) and
+for plain numpy arrays in a single process (tests, the synchronous path). :func:`collect` writes
 straight into whatever arrays it is given, so a collector fills a ring slot with no extra copy.
 
 Fields (``RolloutSpec.fields()``; ``obs``, ``critic`` and ``act`` are the sizes of the spec):
@@ -69,7 +69,7 @@ import numpy as np
 import torch
 
 from lightning_omnilab.validate import positive_int
-from lightning_unilab.vector_env import StepBuffers, TaskVectorEnv
+from lightning_unilab.envs.vector_env import StepBuffers, TaskVectorEnv
 
 __all__ = ["RolloutSpec", "RolloutState", "as_tensors", "collect", "STATS_KEYS"]
 
@@ -241,11 +241,11 @@ def collect(
 ) -> dict[str, np.ndarray]:
     """Step ``env`` T times with ``policy.act`` and write the rollout into ``arrays``.
 
-    ``policy`` is an :class:`~lightning_unilab.policy.ActorCritic` (float32, CPU) or anything with
-    its ``act(obs) -> (action, logp, mean, log_std)``. ``arrays`` are the batch fields (from
-    :meth:`RolloutSpec.views` of a ring slot or :meth:`RolloutSpec.allocate`); terminated and
-    truncated are written by the env itself, the float fields are cast from the env's float64
-    rows (the one unavoidable conversion). Returns ``arrays``.
+    ``policy`` is an :class:`~lightning_unilab.learner.policy.ActorCritic` (float32, CPU) or
+    anything with its ``act(obs) -> (action, logp, mean, log_std)``. ``arrays`` are the batch
+    fields (from :meth:`RolloutSpec.views` of a ring slot or :meth:`RolloutSpec.allocate`);
+    terminated and truncated are written by the env itself, the float fields are cast from the
+    env's float64 rows (the one unavoidable conversion). Returns ``arrays``.
     """
     horizon = _check_arrays(env, arrays)
     start = time.perf_counter()

@@ -1,8 +1,8 @@
 """Shared-memory ring of rollout slots between a collector process (writer) and the learner.
 
-One shared-memory block (:class:`~lightning_unilab.shm.SharedBlock`) holds a global header and
-K slots; each slot is a 64-byte header plus one rollout batch in the
-:class:`~lightning_unilab.rollout.RolloutSpec` layout. A slot's state moves
+One shared-memory block (:class:`~lightning_unilab.runtime.shm.SharedBlock`) holds a global header
+and K slots; each slot is a 64-byte header plus one rollout batch in the
+:class:`~lightning_unilab.runtime.rollout.RolloutSpec` layout. A slot's state moves
 
     FREE --writer--> WRITING --commit--> READY --reader--> READING --release--> FREE
 
@@ -33,8 +33,8 @@ import numpy as np
 
 from lightning_omnilab.validate import integer, one_of
 from lightning_unilab import _core
-from lightning_unilab.rollout import RolloutSpec
-from lightning_unilab.shm import SHM_PREFIX, SharedBlock, free_shm_bytes, new_name
+from lightning_unilab.runtime.rollout import RolloutSpec
+from lightning_unilab.runtime.shm import SHM_PREFIX, SharedBlock, free_shm_bytes, new_name
 
 __all__ = ["FREE", "READING", "READY", "WRITING", "Ring", "RingHandle", "SHM_PREFIX",
            "free_shm_bytes", "wait_until"]

@@ -1,7 +1,7 @@
 """Reset-time domain randomization as objects a YAML recipe can name and a process can receive.
 
 ``TaskVectorEnv(randomization=fn)`` takes a function; the collector process receives its env's
-keywords by pickling, and ``lightning_unilab.tasks.g1_walk.randomization()`` returns a closure,
+keywords by pickling, and ``lightning_unilab.envs.tasks.g1_walk.randomization()`` returns a closure,
 which pickles neither into a spawned process nor out of a YAML file. :class:`G1Randomization`
 holds only the ranges and builds that function on first use in the process that steps the env.
 A recipe names any :class:`Randomization` subclass under the data module's ``randomization``:
@@ -9,7 +9,7 @@ A recipe names any :class:`Randomization` subclass under the data module's ``ran
     data:
       task: g1-walk-flat
       randomization:
-        class_path: lightning_unilab.randomization.G1Randomization
+        class_path: lightning_unilab.envs.randomization.G1Randomization
         init_args: {friction: [0.4, 1.0], mass_scale: [0.9, 1.1], kp_scale: [0.9, 1.1]}
 """
 
@@ -52,7 +52,7 @@ class G1Randomization(Randomization):
     """Per-env, per-episode friction, link-mass scale and kp (kd) scale of the G1.
 
     Args: ``[low, high]`` uniform ranges, or None to leave a field alone; see
-    ``lightning_unilab.tasks.g1_walk.randomization`` for what each draws.
+    ``lightning_unilab.envs.tasks.g1_walk.randomization`` for what each draws.
     """
 
     def __init__(self, friction: Range = (0.4, 1.0), mass_scale: Range = (0.9, 1.1),
@@ -65,7 +65,7 @@ class G1Randomization(Randomization):
 
     def __call__(self, rng: np.random.Generator, ids: np.ndarray) -> dict[str, np.ndarray]:
         if self._draw is None:
-            from lightning_unilab.tasks.g1_walk import randomization
+            from lightning_unilab.envs.tasks.g1_walk import randomization
 
             self._draw = randomization(**self.ranges)
         return self._draw(rng, ids)

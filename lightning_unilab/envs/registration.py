@@ -4,7 +4,7 @@
     envs = gym.make_vec("omnilab/HalfCheetah-v5", num_envs=64)
     envs = gym.make_vec("omnilab/g1-walk-flat", num_envs=1024, autoreset="same_step")
 
-``gym.make_vec`` reaches :class:`~lightning_unilab.gym.PoolVectorEnv` through the vector entry
+``gym.make_vec`` reaches :class:`~lightning_unilab.envs.gym.PoolVectorEnv` through the vector entry
 point (its default mode for these ids), sets ``envs.spec`` and passes its keyword arguments on
 (``num_threads``, ``params``, ``autoreset``, ``render_mode`` ...). The gymnasium-parity tasks also
 register gymnasium's own env as the single-env entry point, so ``gym.make("omnilab/Ant-v5")``
@@ -18,7 +18,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from lightning_unilab import tasks
+from lightning_unilab.envs import tasks
 
 __all__ = ["NAMESPACE", "make_vector_env", "register_envs"]
 
@@ -37,7 +37,7 @@ _GYM_ENTRY = {
 
 def make_vector_env(task: str, num_envs: int = 1, **kwargs: Any) -> gym.vector.VectorEnv:
     """The vector entry point: a PoolVectorEnv of task."""
-    from lightning_unilab.gym import PoolVectorEnv
+    from lightning_unilab.envs.gym import PoolVectorEnv
 
     return PoolVectorEnv(task, num_envs, **kwargs)
 

@@ -16,11 +16,11 @@ import mujoco
 import numpy as np
 
 from lightning_unilab import _core
-from lightning_unilab.tasks.base import NumpyTask, TaskSpec, Transition
-from lightning_unilab.tasks.rng import EnvRng
+from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec, Transition
+from lightning_unilab.envs.tasks.rng import EnvRng
 
 if TYPE_CHECKING:
-    from lightning_unilab.pool import BatchEnvPool
+    from lightning_unilab.envs.pool import BatchEnvPool
 
 JOINTS = 29
 LAST_ACTION = slice(0, JOINTS)
@@ -99,7 +99,7 @@ class G1WalkFlat(NumpyTask):
 
     def model(self) -> mujoco.MjModel:
         if self._model is None:
-            from lightning_unilab.tasks import g1_xml
+            from lightning_unilab.envs.tasks import g1_xml
 
             self._model = mujoco.MjModel.from_xml_path(str(g1_xml()))
             self._setup(self._model)

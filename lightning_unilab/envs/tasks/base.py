@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import mujoco
 import numpy as np
 
-from lightning_unilab.tasks.rng import EnvRng
+from lightning_unilab.envs.tasks.rng import EnvRng
 
 if TYPE_CHECKING:
-    from lightning_unilab.pool import BatchEnvPool
+    from lightning_unilab.envs.pool import BatchEnvPool
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Code written for gymnasium's vector envs runs on the pool unchanged: spaces,
 ``metadata["autoreset_mode"]``, the ``(obs, reward, terminated, truncated, info)`` step,
 ``reset(seed=int | list, options=...)``, gymnasium's vector wrappers (``RecordEpisodeStatistics``,
 ``ClipAction``, ``NormalizeObservation``, ``NormalizeReward``, ``RecordVideo``), ``gym.make_vec``
-through the ``omnilab/`` namespace (:mod:`lightning_unilab.registration`):
+through the ``omnilab/`` namespace (:mod:`lightning_unilab.envs.registration`):
 
     envs = PoolVectorEnv("HalfCheetah-v5", num_envs=64)          # NEXT_STEP, as gymnasium
     envs = gym.make_vec("omnilab/HalfCheetah-v5", num_envs=64)   # the same, registered
@@ -37,8 +37,8 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from lightning_omnilab.validate import fail, one_of
-from lightning_unilab.tasks.base import NumpyTask
-from lightning_unilab.vector_env import TaskVectorEnv
+from lightning_unilab.envs.tasks.base import NumpyTask
+from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 __all__ = ["PoolVectorEnv"]
 
@@ -58,7 +58,7 @@ class PoolVectorEnv(VectorEnv):
         record_episode_statistics: fill ``info["episode"]`` from the C++ episode totals, without
             gymnasium's wrapper (do not combine the two).
         render_mode: None or "rgb_array": ``render()`` returns one (height, width, 3) uint8 frame
-            per env of ``render_envs`` (needs an OpenGL backend: see lightning_unilab.render).
+            per env of ``render_envs`` (needs an OpenGL backend: see lightning_unilab.envs.render).
         render_envs: ids of the envs that ``render()`` draws; default env 0.
         render_size: (width, height) of the frames.
         camera: a camera name or id of the model, or None for a camera tracking body 1.
@@ -194,7 +194,7 @@ class PoolVectorEnv(VectorEnv):
                             "render_mode='rgb_array'")
             return None
         if self._renderer is None:
-            from lightning_unilab.render import EnvRenderer
+            from lightning_unilab.envs.render import EnvRenderer
 
             width, height = self._render_size
             self._renderer = EnvRenderer(self.env.model, width, height, self._camera)

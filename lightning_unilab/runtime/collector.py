@@ -40,10 +40,10 @@ import torch
 from torch import nn
 
 from lightning_omnilab.validate import is_int, one_of, positive_int
-from lightning_unilab.ring import Ring, RingHandle
-from lightning_unilab.rollout import RolloutSpec, RolloutState, collect
-from lightning_unilab.shm import unlink_name
-from lightning_unilab.weights import BoardHandle, WeightBoard
+from lightning_unilab.runtime.ring import Ring, RingHandle
+from lightning_unilab.runtime.rollout import RolloutSpec, RolloutState, collect
+from lightning_unilab.runtime.shm import unlink_name
+from lightning_unilab.runtime.weights import BoardHandle, WeightBoard
 
 __all__ = ["Collector", "CollectorConfig", "CollectorError", "MODES", "available_cpus"]
 
@@ -90,7 +90,7 @@ class CollectorConfig:
                              "threads/seed arguments")
 
     def make_env(self, num_envs: int | None = None, threads: int | None = None) -> Any:
-        from lightning_unilab.vector_env import TaskVectorEnv
+        from lightning_unilab.envs.vector_env import TaskVectorEnv
 
         return TaskVectorEnv(self.task, num_envs or self.num_envs, threads or self.threads,
                              seed=self.seed, **dict(self.task_kwargs))
@@ -185,7 +185,7 @@ def _context() -> Any:
                     "start pays the imports)", os.getpid(), _FORKSERVER_OWNER[0])
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["lightning_unilab.collector"])
+    ctx.set_forkserver_preload(["lightning_unilab.runtime.collector"])
     return ctx
 
 
@@ -211,7 +211,7 @@ class Collector:
         config: env, threads, seed, mode of the process.
         policy: the learner's ActorCritic (any device): a CPU copy acts in the process, and its
             sizes must match the task's.
-        num_slots, writer_policy: of the ring (see :mod:`lightning_unilab.ring`).
+        num_slots, writer_policy: of the ring (see :mod:`lightning_unilab.runtime.ring`).
         spec: the rollout spec if already known (else one env is built here to read the sizes).
         version: the version number of ``policy`` (a resumed run continues its numbering).
     """
@@ -339,7 +339,7 @@ class Collector:
         device = next(iter(policy.parameters()), torch.empty(0)).device
         if device.type == "cuda":  # copied on a side stream, written from a thread
             if self._device_publisher is None:
-                from lightning_unilab.device_copy import DevicePublisher
+                from lightning_unilab.runtime.device_copy import DevicePublisher
 
                 self._device_publisher = DevicePublisher(self.board.publish, device)
             self._device_publisher.publish(policy.state_dict(), self.version)

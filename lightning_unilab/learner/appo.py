@@ -1,12 +1,12 @@
 """APPOModule: asynchronous PPO with V-trace as a LightningModule (manual optimization).
 
 One ``training_step`` is one rollout slot from the data module ([T, N] time-major, see
-:mod:`lightning_unilab.rollout`): V-trace targets and advantages, then ``epochs x minibatches``
-PPO-clip steps, then the observation statistics and the new weights go to the collector. The
-same code runs synchronous PPO (the collector waits for each new version, so the data is
-on-policy and V-trace reduces to GAE) and asynchronous APPO (the collector runs ahead on
-slightly older weights; V-trace and the behaviour ratio correct for it). The losses, term by
-term, are in docs/unilab/appo.md.
+:mod:`lightning_unilab.runtime.rollout`): V-trace targets and advantages, then
+``epochs x minibatches`` PPO-clip steps, then the observation statistics and the new weights go
+to the collector. The same code runs synchronous PPO (the collector waits for each new version,
+so the data is on-policy and V-trace reduces to GAE) and asynchronous APPO (the collector runs
+ahead on slightly older weights; V-trace and the behaviour ratio correct for it). The losses,
+term by term, are in docs/unilab/appo.md.
 
 Manual optimization because one batch takes many optimizer steps with an adaptive learning rate
 between them, which Lightning's automatic loop (one step per batch) does not express.
@@ -36,7 +36,7 @@ from lightning_omnilab.validate import (
     positive_number,
     probability,
 )
-from lightning_unilab.losses import (
+from lightning_unilab.learner.losses import (
     RATIO_FORMS,
     approx_kl,
     clipped_value_loss,
@@ -46,8 +46,8 @@ from lightning_unilab.losses import (
     policy_ratio,
     ppo_surrogate,
 )
-from lightning_unilab.policy import ActorCritic
-from lightning_unilab.returns import bootstrap_truncated, episode_discounts, vtrace
+from lightning_unilab.learner.policy import ActorCritic
+from lightning_unilab.learner.returns import bootstrap_truncated, episode_discounts, vtrace
 
 __all__ = ["APPOModule", "PreparedSlot", "adapted_lr", "next_actor_lr"]
 
@@ -285,7 +285,7 @@ class APPOModule(pl.LightningModule):
         for key in _BATCH_KEYS:
             if key not in batch:
                 raise KeyError(f"batch: missing field {key!r} (expected the fields of "
-                               "lightning_unilab.rollout)")
+                               "lightning_unilab.runtime.rollout)")
         policy = self._policy
         hp = self.hparams
         for key in ("obs", "critic_obs", "rewards", "behaviour_logp", "final_critic_obs",

@@ -16,9 +16,9 @@ from pathlib import Path
 import mujoco
 
 from lightning_unilab import _core
-from lightning_unilab.assets import g1_flat_scene
-from lightning_unilab.tasks.base import NumpyTask, TaskSpec, Transition
-from lightning_unilab.tasks.rng import EnvRng
+from lightning_unilab.envs.assets import g1_flat_scene
+from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec, Transition
+from lightning_unilab.envs.tasks.rng import EnvRng
 
 __all__ = ["EnvRng", "NumpyTask", "TaskInfo", "TaskSpec", "Transition", "get", "load_model",
            "task_names"]
@@ -72,7 +72,7 @@ def compile_without_settotalmass(path: Path) -> mujoco.MjModel:
 
 
 def _g1_numpy() -> NumpyTask:
-    from lightning_unilab.tasks.g1_walk import G1WalkFlat
+    from lightning_unilab.envs.tasks.g1_walk import G1WalkFlat
 
     return G1WalkFlat()
 
