@@ -114,7 +114,7 @@ class _Cycles(Callback):
 
 
 def _instrument_learner(clock: Clock, module, dm) -> None:
-    import lightning_unilab.data as data_mod
+    import lightning_unilab.runtime.data as data_mod
 
     clock.wrap(module, "_log_rollout", "logging")
     clock.wrap(module, "log", "logging")
@@ -169,8 +169,8 @@ def run_ours(mode: str, recipe: Path, updates: int, warmup: int) -> dict[str, An
     args = ["--config", str(recipe), f"--data.mode={mode}", "--trainer.max_time=null",
             "--trainer.max_steps=-1", "--trainer.enable_progress_bar=true",
             f"--trainer.default_root_dir={ROOT / 'build' / 'rl_breakdown'}"]
-    from lightning_unilab.appo import APPOModule
-    from lightning_unilab.data import RolloutDataModule
+    from lightning_unilab.learner.appo import APPOModule
+    from lightning_unilab.runtime.data import RolloutDataModule
 
     cli = UniLabCLI(APPOModule, RolloutDataModule, run=False, seed_everything_default=0,
                     save_config_kwargs={"overwrite": True}, args=args)
@@ -204,9 +204,9 @@ def run_ours(mode: str, recipe: Path, updates: int, warmup: int) -> dict[str, An
 
 def split_collect(recipe: dict[str, Any], rollouts: int) -> dict[str, float]:
     """The collector's work in this process: physics, policy inference, the rest (copies)."""
-    from lightning_unilab.policy import ActorCritic
-    from lightning_unilab.rollout import RolloutSpec, RolloutState, collect
-    from lightning_unilab.vector_env import TaskVectorEnv
+    from lightning_unilab.learner.policy import ActorCritic
+    from lightning_unilab.runtime.rollout import RolloutSpec, RolloutState, collect
+    from lightning_unilab.envs.vector_env import TaskVectorEnv
 
     d, m = recipe["data"], recipe["model"]
     torch.set_num_threads(1)
