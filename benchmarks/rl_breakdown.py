@@ -55,17 +55,23 @@ class Clock:
     def __init__(self) -> None:
         self.now: dict[str, float] = defaultdict(float)
         self.cycles: list[dict[str, float]] = []
+        self._open: dict[str, int] = defaultdict(int)  # calls of a piece under way
 
     def wrap(self, obj: Any, name: str, key: str) -> None:
+        """Time ``obj.name`` as ``key``; a call inside another call of the same piece (a
+        ``log`` inside ``_log_rollout``) is counted once, by the outer one."""
         fn = getattr(obj, name)
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            self._open[key] += 1
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.now[key] += time.perf_counter() - t0
+                self._open[key] -= 1
+                if not self._open[key]:
+                    self.now[key] += time.perf_counter() - t0
 
         setattr(obj, name, timed)
 
@@ -204,9 +210,9 @@ def run_ours(mode: str, recipe: Path, updates: int, warmup: int) -> dict[str, An
 
 def split_collect(recipe: dict[str, Any], rollouts: int) -> dict[str, float]:
     """The collector's work in this process: physics, policy inference, the rest (copies)."""
+    from lightning_unilab.envs.vector_env import TaskVectorEnv
     from lightning_unilab.learner.policy import ActorCritic
     from lightning_unilab.runtime.rollout import RolloutSpec, RolloutState, collect
-    from lightning_unilab.envs.vector_env import TaskVectorEnv
 
     d, m = recipe["data"], recipe["model"]
     torch.set_num_threads(1)

@@ -36,6 +36,7 @@ from lightning_omnilab.validate import (
     positive_number,
     probability,
 )
+from lightning_unilab.learner.logger_writes import write_to_loggers
 from lightning_unilab.learner.losses import (
     RATIO_FORMS,
     approx_kl,
@@ -60,6 +61,14 @@ _BATCH_KEYS = ("obs", "critic_obs", "actions", "behaviour_logp", "behaviour_mean
 
 
 _TERMS = ("loss", "policy_loss", "value_loss", "entropy", "kl", "approx_kl", "clip_fraction")
+# the metrics Lightning tracks (trainer.callback_metrics: checkpoint monitors, early stopping,
+# the progress bar); every other metric of a step goes straight to the loggers at the same
+# step, since each ``self.log`` call costs a fraction of a millisecond
+# (docs/unilab/runtime.md, "Where an update cycle's time goes")
+TRACKED_METRICS = frozenset({
+    "rollout/return", "rollout/episode_length", "learner/policy_lag", "learner/skipped_slots",
+    "learner/lr", "learner/kl", "learner/actor_steps", "learner/kl_stopped",
+    "learner/policy_version", "loss/loss"})
 
 
 @dataclass
@@ -370,12 +379,12 @@ class APPOModule(pl.LightningModule):
         self._log_rollout(stats)
         version = int(stats.get("policy_version", self.policy_version))
         lag = self.policy_version - version
-        self.log("learner/policy_lag", float(lag))
+        self._emit({"learner/policy_lag": float(lag)})
         if self.hparams.max_policy_lag is not None:
             worst = self._reduce(torch.tensor(float(lag)), dist.ReduceOp.MAX)
             if worst > self.hparams.max_policy_lag:  # every rank skips together
                 self.skipped_slots += 1
-                self.log("learner/skipped_slots", float(self.skipped_slots))
+                self._emit({"learner/skipped_slots": float(self.skipped_slots)})
                 return
         start = time.perf_counter()
         # the slot's statistics go in before the update, so the first update already sees
@@ -396,7 +405,7 @@ class APPOModule(pl.LightningModule):
         self._refresh_target()
         update_s = time.perf_counter() - start
         self._publish()
-        self.log_dict({
+        self._emit({
             "learner/update_s": update_s,
             "learner/samples_per_s": slot.size / update_s,
             "learner/behaviour_kl": slot.behaviour_kl,
@@ -580,9 +589,18 @@ class APPOModule(pl.LightningModule):
             logs["rollout/episode_return"] = ret
         for name, value in stats.get("step_info", {}).items():  # reward terms etc., per step
             logs[f"step_info/{name}"] = float(value)
-        self.log_dict(logs)
+        self._emit(logs)
         if "env_steps_per_s" in stats:
             self.log("env_steps/s", float(stats["env_steps_per_s"]), prog_bar=True, logger=False)
+
+    def _emit(self, metrics: dict[str, float]) -> None:
+        """``TRACKED_METRICS`` through ``self.log``; the others to the loggers directly."""
+        tracked = {k: v for k, v in metrics.items() if k in TRACKED_METRICS}
+        if tracked:
+            self.log_dict(tracked)
+        if len(tracked) < len(metrics) and self._trainer is not None:
+            write_to_loggers(self.trainer, {k: v for k, v in metrics.items()
+                                            if k not in TRACKED_METRICS})
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -188,7 +188,8 @@ SMALL = {"actor_hidden": (32, 32), "critic_hidden": (32, 32), "epochs": 2, "mini
 
 
 def _fit(module: APPOModule, dm: FixedBatches, **kwargs) -> pl.Trainer:
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+    kwargs.setdefault("logger", False)
+    trainer = pl.Trainer(max_epochs=1, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          accelerator="cpu", devices=1, **kwargs)
     trainer.fit(module, dm)
@@ -471,3 +472,26 @@ def test_non_finite_rollout_is_an_error_not_a_silent_nan(pendulum_batch):
     bad["rewards"][3, 2] = float("nan")
     with pytest.raises(ValueError, match=r"batch\['rewards'\]: NaN or inf"):
         module.prepare(bad)
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_untracked_metrics_reach_the_logger_at_lightnings_steps(pendulum_batch, tmp_path, every):
+    """Metrics outside ``TRACKED_METRICS`` skip ``self.log`` but land in the logger at the
+    very steps (and only on the ``log_every_n_steps`` steps) of the tracked ones."""
+    import csv
+
+    from lightning_unilab.learner.appo import TRACKED_METRICS
+
+    policy, batch, spec = pendulum_batch
+    module = APPOModule(policy=_copy(policy), **SMALL)
+    logger = pl.loggers.CSVLogger(tmp_path, name="run", version=0)
+    trainer = _fit(module, FixedBatches([batch] * 4, spec), logger=logger,
+                   log_every_n_steps=every)
+    with open(tmp_path / "run" / "version_0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    steps = {k: sorted({int(r["step"]) for r in rows if r.get(k)}) for k in rows[0]}
+    assert "learner/update_s" not in TRACKED_METRICS and "learner/kl" in TRACKED_METRICS
+    assert steps["learner/update_s"] == steps["learner/kl"] != []
+    assert len(steps["learner/kl"]) == 4 // every
+    assert "learner/update_s" not in trainer.callback_metrics  # not tracked by Lightning
+    assert "learner/kl" in trainer.callback_metrics

@@ -39,6 +39,22 @@ def test_clock_sums_a_piece_within_a_cycle_and_keeps_cycles_apart(bd) -> None:
     assert first["cycle"] == 0.5 and second["cycle"] == 0.7
 
 
+def test_clock_counts_a_nested_call_of_the_same_piece_once(bd) -> None:
+    clock, inner = bd.Clock(), _Work(0.01)
+
+    class Outer:
+        def run(self) -> None:
+            inner.run()
+            inner.run()
+
+    outer = Outer()
+    clock.wrap(inner, "run", "logging")
+    clock.wrap(outer, "run", "logging")
+    outer.run()
+    clock.close_cycle()
+    assert 0.02 <= clock.cycles[0]["logging"] < 0.035  # not 0.04: the inner calls once
+
+
 def test_medians_are_in_milliseconds_and_count_a_missing_piece_as_zero(bd) -> None:
     row = bd.medians([{"a": 0.001, "b": 0.004}, {"a": 0.003}, {"a": 0.002, "b": 0.002}])
     assert row == pytest.approx({"a": 2.0, "b": 2.0})  # b: median of 4, 0, 2 ms
