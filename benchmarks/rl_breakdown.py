@@ -125,6 +125,7 @@ def _instrument_learner(clock: Clock, module, dm) -> None:
     clock.wrap(module, "_log_rollout", "logging")
     clock.wrap(module, "log", "logging")
     clock.wrap(module, "log_dict", "logging")
+    clock.wrap(module, "_emit", "logging")
     clock.wrap(module, "prepare", "prepare")
     clock.wrap(module, "_moments", "prepare")
     clock.wrap(module, "loss_terms", "forward")
