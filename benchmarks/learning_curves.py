@@ -105,12 +105,15 @@ def load_recipe(task: str, recipe: str | None = None,
         section = dict(section or {})
         return dict(section.get("init_args", {})) if "class_path" in section else section
 
-    out = {"path": str(path), "model": args(cfg.get("model")), "data": args(cfg.get("data"))}
+    # "rsl_rl": settings of the rsl_rl baseline itself (torch_threads)
+    out = {"path": str(path), "model": args(cfg.get("model")), "data": args(cfg.get("data")),
+           "rsl_rl": {}}
     for item in overrides or []:
         key, sep, value = item.partition("=")
         section, dot, name = key.partition(".")
-        if not sep or not dot or section not in ("model", "data"):
-            raise ValueError(f"--set: expected model.KEY=VALUE or data.KEY=VALUE, got {item!r}")
+        if not sep or not dot or section not in ("model", "data", "rsl_rl"):
+            raise ValueError(f"--set: expected model.KEY=VALUE, data.KEY=VALUE or "
+                             f"rsl_rl.KEY=VALUE, got {item!r}")
         out[section][name] = yaml.safe_load(value)
     out["overrides"] = list(overrides or [])
     return out
@@ -138,9 +141,9 @@ def run_lightning(task: str, mode: str, seed: int, budget_s: float, curve: Curve
     import torch
 
     from lightning_unilab.learner.appo import APPOModule
-    from lightning_unilab.runtime.data import RolloutDataModule
+    from lightning_unilab.runtime.data import RolloutDataModule, learner_threads
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(learner_threads(mode))  # as the train CLI's default
     curve.restart()
     pl.seed_everything(seed, verbose=False)
     data_args = {**_instantiate(recipe["data"]), "task": task, "mode": mode, "seed": seed}
@@ -262,7 +265,8 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
 
     from lightning_unilab.integrations.rsl_rl import RslRlVecEnv
 
-    torch.set_num_threads(1)  # the pool steps on 2 threads; updates take turns with it
+    # the pool steps on 2 threads; updates take turns with it (--set rsl_rl.torch_threads=2)
+    torch.set_num_threads(int(recipe.get("rsl_rl", {}).get("torch_threads", 1)))
     curve.restart()
     torch.manual_seed(seed)
     d = recipe["data"]

@@ -169,7 +169,29 @@ def _timed_tensor_backward(clock: Clock):
         torch.Tensor.backward = original
 
 
-def run_ours(mode: str, recipe: Path, updates: int, warmup: int) -> dict[str, Any]:
+class _Everything(frozenset):
+    """A set holding every key: each metric through ``self.log`` (the ablation)."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+def run_ours(mode: str, recipe: Path, updates: int, warmup: int,
+             all_through_self_log: bool = False) -> dict[str, Any]:
+    """One fit of the recipe in ``mode``; ``all_through_self_log``: every metric through
+    ``self.log`` (as before the untracked ones went to the loggers directly)."""
+    import lightning_unilab.learner.appo as appo
+
+    tracked = appo.TRACKED_METRICS
+    if all_through_self_log:
+        appo.TRACKED_METRICS = _Everything()
+    try:
+        return _run_ours(mode, recipe, updates, warmup)
+    finally:
+        appo.TRACKED_METRICS = tracked
+
+
+def _run_ours(mode: str, recipe: Path, updates: int, warmup: int) -> dict[str, Any]:
     from lightning_unilab.train import UniLabCLI
 
     clock = Clock()
@@ -296,12 +318,17 @@ ROWS = ["cycle", "collect", "collect.physics", "collect.inference", "collect.cop
 
 
 def table(result: dict[str, Any]) -> str:
-    cols = [("sync", result["ours"]["sync"]["cycles_ms"]),
-            ("async", result["ours"]["async"]["cycles_ms"]),
-            ("rsl_rl", result["rsl_rl"]["cycles_ms"])]
+    ours = result["ours"]
+    ablation = "sync_all_self_log" in ours
+    cols = [("sync", ours["sync"]["cycles_ms"]), ("async", ours["async"]["cycles_ms"])]
+    if ablation:
+        cols.append(("sync_all", ours["sync_all_self_log"]["cycles_ms"]))
+    cols.append(("rsl_rl", result["rsl_rl"]["cycles_ms"]))
     split = result["collect_split_ms"]
-    lines = ["| ms per update cycle | ours, sync | ours, async | rsl_rl PPO |",
-             "|---|---:|---:|---:|"]
+    head = ["ours, sync", "ours, async"] + (["ours, sync, all via self.log"] if ablation
+                                            else []) + ["rsl_rl PPO"]
+    lines = ["| ms per update cycle | " + " | ".join(head) + " |",
+             "|---|" + "---:|" * len(head)]
     for key in ROWS:
         vals = []
         for name, row in cols:
@@ -311,10 +338,10 @@ def table(result: dict[str, Any]) -> str:
             vals.append("" if v is None else f"{v:.1f}")
         if any(vals):
             lines.append(f"| {key} | " + " | ".join(vals) + " |")
-    lines.append("| env steps/s | " + " | ".join(
-        f"{r:.0f}" for r in (result["ours"]["sync"]["env_steps_per_s"],
-                             result["ours"]["async"]["env_steps_per_s"],
-                             result["rsl_rl"]["env_steps_per_s"])) + " |")
+    rates = [ours["sync"], ours["async"]] + ([ours["sync_all_self_log"]] if ablation else [])
+    rates.append(result["rsl_rl"])
+    lines.append("| env steps/s | " + " | ".join(f"{r['env_steps_per_s']:.0f}" for r in rates)
+                 + " |")
     return "\n".join(lines)
 
 
@@ -331,6 +358,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["collect_split_ms"] = split_collect(recipe, args.updates)
     result["ours"] = {mode: run_ours(mode, args.recipe, args.updates, args.warmup)
                       for mode in ("sync", "async")}
+    result["ours"]["sync_all_self_log"] = run_ours("sync", args.recipe, args.updates,
+                                                   args.warmup, all_through_self_log=True)
     result["rsl_rl"] = run_rsl_rl(recipe, args.updates, args.warmup)
     result["sync_vs_rsl_rl_env_steps_per_s"] = (result["ours"]["sync"]["env_steps_per_s"]
                                                 / result["rsl_rl"]["env_steps_per_s"])

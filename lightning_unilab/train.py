@@ -7,8 +7,10 @@
 The recipe has LightningCLI's sections: ``trainer`` (logger, callbacks, max_time/max_steps),
 ``model`` (:class:`~lightning_unilab.learner.appo.APPOModule`) and ``data``
 (:class:`~lightning_unilab.runtime.data.RolloutDataModule`). There are no subcommands: the command
-fits. ``--learner_threads`` sets the learner's torch threads (default 1: with one collector thread,
-the two processes use one core each). When the run ends the TensorBoard log directory is printed.
+fits. ``--learner_threads`` sets the learner's torch threads (default: all of the rank's CPUs
+in sync mode, where the collector waits while the learner updates; 1 in async mode, where the
+collector steps on the other cores meanwhile). When the run ends the TensorBoard log directory
+is printed.
 
 Flags are matched exactly: a typo fails and names the closest flag (argparse would otherwise take
 ``--data.num_env`` for ``--data.num_envs``). ``--trainer.default_root_dir`` moves the logger's
@@ -27,11 +29,12 @@ from typing import Any, NoReturn
 
 import torch
 from jsonargparse import Namespace
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_omnilab.validate import positive_int
 from lightning_unilab.learner.appo import APPOModule
-from lightning_unilab.runtime.data import RolloutDataModule
+from lightning_unilab.runtime.data import RolloutDataModule, learner_threads
 
 __all__ = ["UniLabArgumentParser", "UniLabCLI", "did_you_mean", "main"]
 
@@ -111,8 +114,10 @@ class UniLabCLI(LightningCLI):
         parser.add_argument("--ckpt_path", type=str | None, default=None,
                             help="checkpoint to resume from; max_time counts the time already "
                                  "trained, so the resumed run gets only what remains of it")
-        parser.add_argument("--learner_threads", type=int, default=1,
-                            help="torch threads of the learner process")
+        parser.add_argument("--learner_threads", type=int | None, default=None,
+                            help="torch threads of the learner process (default: the rank's "
+                                 "CPUs in sync mode, where the collector waits during the "
+                                 "update; 1 in async mode)")
 
     def before_instantiate_classes(self) -> None:
         """``trainer.default_root_dir`` wins over the recipe's logger ``save_dir``: the logs and
@@ -135,7 +140,11 @@ def _log_dir(trainer: Any) -> str | None:
 def main(args: list[str] | None = None) -> UniLabCLI:
     cli = UniLabCLI(APPOModule, RolloutDataModule, run=False, seed_everything_default=0,
                     save_config_kwargs={"overwrite": True}, args=args)
-    threads = positive_int("learner_threads", cli.config["learner_threads"])
+    threads = cli.config["learner_threads"]
+    if threads is None:
+        on_cpu = isinstance(cli.trainer.accelerator, CPUAccelerator)
+        threads = learner_threads(cli.datamodule.config.mode, cli.trainer.num_devices, on_cpu)
+    threads = positive_int("learner_threads", threads)
     torch.set_num_threads(threads)
     log.info("learner: %d torch threads", threads)
     trainer = cli.trainer

@@ -44,6 +44,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_omnilab import quiet
+from lightning_omnilab.validate import one_of
 from lightning_unilab.envs.randomization import Randomization
 from lightning_unilab.runtime.collector import Collector, CollectorConfig, available_cpus
 from lightning_unilab.runtime.device_copy import PinnedRegion, copy_to_device
@@ -77,8 +78,23 @@ def _auto_threads(mode: str, local_ranks: int, learner_on_cpu: bool = True) -> i
     (G1 on 2 cores: 1,314 trained env steps/s with 2 collector threads against 1,098 with 1,
     ``benchmarks/rl_scaling.py --collector-threads``). Async with a GPU learner: all but one,
     the core that launches the learner's kernels, which the collector must not stall."""
-    share = max(1, available_cpus() // max(1, local_ranks))
+    share = _cpu_share(local_ranks)
     return share if mode == "sync" or learner_on_cpu else max(1, share - 1)
+
+
+def learner_threads(mode: str, local_ranks: int = 1, learner_on_cpu: bool = True) -> int:
+    """The learner's torch threads: with a CPU learner in sync mode the collector waits while
+    the learner updates, so the update takes the rank's whole share of the CPUs (on 2 cores an
+    update of the HalfCheetah recipe runs 1.7x faster on two threads than on one); in async
+    mode the collector steps during the update, and a GPU learner only launches kernels: one
+    thread."""
+    one_of("mode", mode, ("sync", "async"))
+    return _cpu_share(local_ranks) if mode == "sync" and learner_on_cpu else 1
+
+
+def _cpu_share(local_ranks: int) -> int:
+    """One rank's share of this machine's CPUs."""
+    return max(1, available_cpus() // max(1, local_ranks))
 
 
 def _identity(batch: Any) -> Any:
