@@ -192,7 +192,7 @@ def run_ours(mode: str, recipe: Path, updates: int, warmup: int,
 
 
 def _run_ours(mode: str, recipe: Path, updates: int, warmup: int) -> dict[str, Any]:
-    from lightning_unilab.train import UniLabCLI
+    from lightning_unilab.train import UniLabCLI, set_learner_threads
 
     clock = Clock()
     args = ["--config", str(recipe), f"--data.mode={mode}", "--trainer.max_time=null",
@@ -203,7 +203,7 @@ def _run_ours(mode: str, recipe: Path, updates: int, warmup: int) -> dict[str, A
 
     cli = UniLabCLI(APPOModule, RolloutDataModule, run=False, seed_everything_default=0,
                     save_config_kwargs={"overwrite": True}, args=args)
-    torch.set_num_threads(int(cli.config["learner_threads"]))
+    threads = set_learner_threads(cli)
     trainer, module, dm = cli.trainer, cli.model, cli.datamodule
     trainer.callbacks += [_Cycles(clock, warmup, updates), _InnerTimers(clock)]
     _instrument_learner(clock, module, dm)
@@ -225,7 +225,8 @@ def _run_ours(mode: str, recipe: Path, updates: int, warmup: int) -> dict[str, A
                                                                                     0.0)
     spec = dm.rollout_spec
     n, t = spec.num_envs, spec.horizon
-    return {"mode": mode, "cycles_ms": row, "env_steps_per_cycle": n * t,
+    return {"mode": mode, "learner_threads": threads, "cycles_ms": row,
+            "env_steps_per_cycle": n * t,
             "env_steps_per_s": n * t / (row["cycle"] / 1e3), "fit_wall_s": wall,
             "mean_policy_lag": statistics.mean(c.get("lag", 0.0) for c in cycles),
             "measured_cycles": len(cycles)}
@@ -261,7 +262,8 @@ def split_collect(recipe: dict[str, Any], rollouts: int) -> dict[str, float]:
     return row
 
 
-def run_rsl_rl(recipe: dict[str, Any], updates: int, warmup: int) -> dict[str, Any]:
+def run_rsl_rl(recipe: dict[str, Any], updates: int, warmup: int,
+               threads: int = 1) -> dict[str, Any]:
     """rsl_rl's OnPolicyRunner on the same pool and sizes: its iteration split into
     env steps (physics + the adapter), policy inference, storage, returns, the update
     (torch backward and optimizer step inside it) and the rest."""
@@ -272,7 +274,7 @@ def run_rsl_rl(recipe: dict[str, Any], updates: int, warmup: int) -> dict[str, A
 
     from lightning_unilab.integrations.rsl_rl import RslRlVecEnv
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     d = recipe["data"]
     env = RslRlVecEnv(d["task"], int(d["num_envs"]), 2, seed=0)
@@ -306,7 +308,7 @@ def run_rsl_rl(recipe: dict[str, Any], updates: int, warmup: int) -> dict[str, A
                                                    "collect.storage"))
     row["other"] = row["cycle"] - row["collect"] - row["update"] - row.get("prepare", 0.0)
     n, t = int(d["num_envs"]), int(d["horizon"])
-    return {"cycles_ms": row, "env_steps_per_cycle": n * t,
+    return {"torch_threads": threads, "cycles_ms": row, "env_steps_per_cycle": n * t,
             "env_steps_per_s": n * t / (row["cycle"] / 1e3), "measured_cycles": updates}
 
 
@@ -350,6 +352,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--recipe", type=Path, default=RECIPE)
     parser.add_argument("--updates", type=int, default=20, help="measured update cycles")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rsl-rl-threads", type=int, default=2,
+                        help="rsl_rl's torch threads (its update and the pool take turns)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     recipe = yaml.safe_load(args.recipe.read_text())
@@ -360,7 +364,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       for mode in ("sync", "async")}
     result["ours"]["sync_all_self_log"] = run_ours("sync", args.recipe, args.updates,
                                                    args.warmup, all_through_self_log=True)
-    result["rsl_rl"] = run_rsl_rl(recipe, args.updates, args.warmup)
+    result["rsl_rl"] = run_rsl_rl(recipe, args.updates, args.warmup, args.rsl_rl_threads)
     result["sync_vs_rsl_rl_env_steps_per_s"] = (result["ours"]["sync"]["env_steps_per_s"]
                                                 / result["rsl_rl"]["env_steps_per_s"])
     print(table(result))

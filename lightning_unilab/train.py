@@ -36,7 +36,8 @@ from lightning_omnilab.validate import positive_int
 from lightning_unilab.learner.appo import APPOModule
 from lightning_unilab.runtime.data import RolloutDataModule, learner_threads
 
-__all__ = ["UniLabArgumentParser", "UniLabCLI", "did_you_mean", "main"]
+__all__ = ["UniLabArgumentParser", "UniLabCLI", "did_you_mean", "main",
+           "set_learner_threads"]
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +138,9 @@ def _log_dir(trainer: Any) -> str | None:
     return getattr(logger, "log_dir", None) if logger is not None else None
 
 
-def main(args: list[str] | None = None) -> UniLabCLI:
-    cli = UniLabCLI(APPOModule, RolloutDataModule, run=False, seed_everything_default=0,
-                    save_config_kwargs={"overwrite": True}, args=args)
+def set_learner_threads(cli: UniLabCLI) -> int:
+    """The learner's torch threads: ``--learner_threads``, or ``learner_threads``' default for
+    the data module's mode and the trainer's accelerator; returns the count set."""
     threads = cli.config["learner_threads"]
     if threads is None:
         on_cpu = isinstance(cli.trainer.accelerator, CPUAccelerator)
@@ -147,6 +148,13 @@ def main(args: list[str] | None = None) -> UniLabCLI:
     threads = positive_int("learner_threads", threads)
     torch.set_num_threads(threads)
     log.info("learner: %d torch threads", threads)
+    return threads
+
+
+def main(args: list[str] | None = None) -> UniLabCLI:
+    cli = UniLabCLI(APPOModule, RolloutDataModule, run=False, seed_everything_default=0,
+                    save_config_kwargs={"overwrite": True}, args=args)
+    set_learner_threads(cli)
     trainer = cli.trainer
     try:
         trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config["ckpt_path"])
