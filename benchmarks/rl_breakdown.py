@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--recipe", type=Path, default=RECIPE)
     parser.add_argument("--updates", type=int, default=20, help="measured update cycles")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rsl-rl-threads", type=int, default=2,
+    parser.add_argument("--rsl-rl-threads", type=int, default=1,
                         help="rsl_rl's torch threads (its update and the pool take turns)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)

@@ -200,3 +200,16 @@ def test_collector_threads_default_to_the_cores_the_mode_leaves_free():
     assert _auto_threads("sync", 2, learner_on_cpu=False) == max(1, cpus // 2)
     assert RolloutDataModule("InvertedPendulum-v5", collector_threads=1,
                              mode="sync").config.threads == 1
+
+
+def test_learner_threads_take_the_cores_only_where_the_collector_waits(monkeypatch):
+    import lightning_unilab.runtime.data as data
+
+    monkeypatch.setattr(data, "available_cpus", lambda: 8)
+    assert data.learner_threads("sync") == 8
+    assert data.learner_threads("sync", local_ranks=2) == 4  # each rank its share
+    assert data.learner_threads("sync", local_ranks=16) == 1
+    assert data.learner_threads("async") == 1
+    assert data.learner_threads("sync", learner_on_cpu=False) == 1  # a GPU learner
+    with pytest.raises(ValueError, match="mode"):
+        data.learner_threads("both")
