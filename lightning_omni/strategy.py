@@ -517,7 +517,7 @@ class OmniStrategy(DDPStrategy):
                              "(lightning_omni.runtime.checkpoint.consolidate) to change the "
                              "layout")
         stage = self.global_rank // self.tensor_parallel % self.pipeline_parallel
-        return ckpt.read_shard(checkpoint_path, stage)
+        return ckpt.read_shard(checkpoint_path, stage, weights_only=weights_only)
 
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
         """The stage's tensors into the module (full tensors cut into this rank's shards)."""

@@ -42,6 +42,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from lightning_omnilab import safe_load
 from lightning_omnilab.validate import positive_int
 
 __all__ = ["CheckpointEvaluation", "Episode", "EvaluationRollout", "TaskMismatchError",
@@ -502,9 +503,14 @@ def _main(argv: Sequence[str] | None = None) -> None:
     params = _params(ck, args.param)
     from lightning_unilab.learner.appo import APPOModule
 
-    # our own checkpoint: it pickles the data module's arguments (a Randomization object)
-    checkpoint = torch.load(args.ckpt, map_location="cpu", weights_only=False)
-    module = APPOModule.load_from_checkpoint(args.ckpt, map_location="cpu", weights_only=False)
+    # weights only: a checkpoint naming other code than the project's plain types is refused
+    try:
+        checkpoint = safe_load.load(args.ckpt)
+    except (safe_load.UnsafeCheckpointError, FileNotFoundError) as err:
+        ck.error(str(err))
+    with safe_load.project_types():
+        module = APPOModule.load_from_checkpoint(args.ckpt, map_location="cpu",
+                                                 weights_only=True)
     try:
         run = checkpoint_evaluation(checkpoint, args.task, params, args.max_steps, args.seed)
         summary = evaluate_policy(module.policy, run.task, args.out, run.task_kwargs,

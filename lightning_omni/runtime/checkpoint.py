@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from lightning_omnilab import safe_load
+
 MARKER = "complete.json"
 
 
@@ -67,12 +69,15 @@ def num_chunks(path: str | os.PathLike) -> int:
     return int(_marker(path).get("chunks", 1))
 
 
-def read_shard(path: str | os.PathLike, stage: int) -> dict[str, Any]:
+def read_shard(path: str | os.PathLike, stage: int,
+               weights_only: bool | None = True) -> dict[str, Any]:
+    """Stage ``stage``'s shard, weights only (``lightning_omnilab.safe_load``): a shard naming
+    code is refused, naming the file; ``weights_only=False`` for a checkpoint you trust."""
     stages = num_stages(path)
     if not 0 <= stage < stages:
         raise ValueError(f"stage: expected one of 0..{stages - 1} for {path}, got {stage} "
                          "(resume with the pipeline size the checkpoint was written with)")
-    return torch.load(shard_path(path, stage), map_location="cpu", weights_only=False)
+    return safe_load.load(shard_path(path, stage), map_location="cpu", weights_only=weights_only)
 
 
 def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:

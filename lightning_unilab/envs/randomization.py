@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from lightning_omnilab.safe_load import allow
+
 __all__ = ["G1Randomization", "Randomization"]
 
 Range = Sequence[float] | None
@@ -76,3 +78,8 @@ class G1Randomization(Randomization):
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={list(v) if v else None}" for k, v in self.ranges.items())
         return f"G1Randomization({args})"
+
+
+# checkpoints pickle a recipe's randomization (the data module's arguments): allowed in
+# weights-only loading, also under its module path before the package had rooms
+allow([G1Randomization], old_modules={"lightning_unilab.randomization": __name__})
