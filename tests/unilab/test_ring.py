@@ -134,3 +134,24 @@ def test_block_is_unlinked_when_the_ring_is_dropped():
     ring.close()
     del ring
     assert name not in _ours()
+
+
+def test_ring_and_weight_board_are_readable_by_their_owner_only():
+    """Rollouts and weights in /dev/shm: other users of the machine may not read them."""
+    import stat
+
+    import torch
+
+    from lightning_unilab.runtime.shm import SHM_DIR
+    from lightning_unilab.runtime.weights import WeightBoard
+
+    with Ring.create(SPEC, num_slots=2) as ring:
+        mode = os.stat(os.path.join(SHM_DIR, ring.name)).st_mode
+        assert stat.S_IMODE(mode) & 0o077 == 0, oct(mode)
+    board = WeightBoard.create(torch.nn.Linear(2, 2))
+    try:
+        mode = os.stat(os.path.join(SHM_DIR, board.handle.name)).st_mode
+        assert stat.S_IMODE(mode) & 0o077 == 0, oct(mode)
+    finally:
+        board.close()
+        board.unlink()
