@@ -7,7 +7,7 @@ STAMP := $(VENV)/.omnilab-installed
 SOURCES := pyproject.toml CMakeLists.txt $(shell find cpp -name '*.cc' -o -name '*.h' 2>/dev/null)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test bench fuzz lint clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,11 @@ bench: setup
 	$(PY) benchmarks/omni_runtime.py --out build/omni_runtime.json
 	$(PY) benchmarks/rl_cycle.py --out build/rl_cycle.json
 	$(PY) benchmarks/integrations_speed.py --out build/integrations_speed.json
+
+# generated bad input at every public door, time-boxed per door, seed printed (docs/reliability.md)
+FUZZ_SEED ?= 0
+fuzz: setup
+	$(PY) fuzz/campaign.py --examples 2000 --time-box 240 --seed $(FUZZ_SEED) --out build/fuzz.json
 
 lint: setup
 	$(VENV)/bin/ruff check .

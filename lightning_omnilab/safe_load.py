@@ -5,7 +5,12 @@ checkpoint someone sent you is a program. Every checkpoint this project reads go
 ``load``: ``weights_only=True``, with only the project's own plain types allowed
 (``allow``: e.g. a recipe's randomization ranges, pickled in a data module's hyperparameters),
 also under the module paths they had when older checkpoints were written. Anything else is
-refused with ``UnsafeCheckpointError`` naming the file and what it holds. (torch is imported
+refused with ``UnsafeCheckpointError`` naming the file and what it holds.
+
+torch's reader catches most damage to a file but not all (a flipped byte inside a tensor or a
+pickled number loads as another value), so ``save`` writes the file atomically with its
+SHA-256 beside it (``<file>.sha256``), and ``load`` checks a file that has one:
+``CorruptCheckpointError`` rather than silently different values. (torch is imported
 where a file is read, so that a torch-free module can ``allow`` its types.)
 """
 
@@ -16,13 +21,22 @@ import pickle
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["UnsafeCheckpointError", "allow", "allowed", "load", "project_types"]
+__all__ = ["CorruptCheckpointError", "UnsafeCheckpointError", "allow", "allowed", "digest_path",
+           "load", "project_types", "save"]
 
 _ALLOWED: dict[str, type] = {}  # "module.QualName" -> the type it names
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
     """A checkpoint names a callable or type that weights-only loading does not allow."""
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file that cannot be read: truncated (an interrupted copy) or corrupted."""
+
+
+# torch's weights-only unpickler says so when a pickle names a global it does not allow
+_UNSAFE_MARKS = ("Unsupported global", "GLOBAL", "safe_globals", "add_safe_globals")
 
 
 def allow(types: Iterable[type], *, old_modules: dict[str, str] | None = None) -> None:
@@ -41,6 +55,48 @@ def allowed() -> list[tuple[type, str]]:
     return [(t, name) for name, t in _ALLOWED.items()]
 
 
+def digest_path(path: str | os.PathLike) -> str:
+    return f"{os.fspath(path)}.sha256"
+
+
+def _sha256(path: str | os.PathLike) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to ``path`` atomically (a temporary file renamed over it), then its
+    digest: a reader finds either the old file and digest or the new ones, or a digest that
+    does not match (refused)."""
+    import torch
+
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    torch.save(obj, tmp)
+    digest = _sha256(tmp)
+    os.replace(tmp, path)
+    with open(f"{digest_path(path)}.tmp-{os.getpid()}", "w") as f:
+        f.write(digest + "\n")
+    os.replace(f"{digest_path(path)}.tmp-{os.getpid()}", digest_path(path))
+
+
+def _check_digest(path: str | os.PathLike) -> None:
+    try:
+        with open(digest_path(path)) as f:
+            want = f.read().strip()
+    except FileNotFoundError:
+        return  # written by someone else: torch's own checks only
+    if _sha256(path) != want:
+        raise CorruptCheckpointError(
+            f"{os.fspath(path)}: not a readable checkpoint (corrupted?): its SHA-256 does not "
+            f"match {digest_path(path)}")
+
+
 def project_types():
     """A context in which ``torch.load(..., weights_only=True)`` (also Lightning's, e.g.
     ``load_from_checkpoint``) accepts the allowed types."""
@@ -55,14 +111,33 @@ def load(path: str | os.PathLike, map_location: Any = "cpu", *,
     checkpoint you trust, as Lightning's ``Trainer.fit(weights_only=False)``)."""
     import torch
 
+    _check_digest(path)
     if weights_only is False:
         return torch.load(path, map_location=map_location, weights_only=False)
     try:
         with project_types():
             return torch.load(path, map_location=map_location, weights_only=True)
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UnsafeCheckpointError(
-            f"{os.fspath(path)}: refused to load: the checkpoint names code or a type that "
-            f"weights-only loading does not allow ({first}). Load only checkpoints you trust; "
-            "a trusted one of your own types loads with weights_only=False") from err
+        text = str(err)
+        if any(mark in text for mark in _UNSAFE_MARKS):
+            raise UnsafeCheckpointError(
+                f"{os.fspath(path)}: refused to load: the checkpoint names code or a type that "
+                f"weights-only loading does not allow ({_first_line(err)}). Load only "
+                "checkpoints you trust; a trusted one of your own types loads with "
+                "weights_only=False") from err
+        raise _corrupt(path, err) from err
+    except Exception as err:  # the reader's many ways of failing on a damaged file
+        raise _corrupt(path, err) from err
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _corrupt(path: str | os.PathLike, err: BaseException) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"{os.fspath(path)}: not a readable checkpoint (truncated or corrupted?): "
+        f"{type(err).__name__}: {_first_line(err)}")

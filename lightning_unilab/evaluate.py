@@ -506,7 +506,8 @@ def _main(argv: Sequence[str] | None = None) -> None:
     # weights only: a checkpoint naming other code than the project's plain types is refused
     try:
         checkpoint = safe_load.load(args.ckpt)
-    except (safe_load.UnsafeCheckpointError, FileNotFoundError) as err:
+    except (safe_load.UnsafeCheckpointError, safe_load.CorruptCheckpointError,
+            FileNotFoundError) as err:
         ck.error(str(err))
     with safe_load.project_types():
         module = APPOModule.load_from_checkpoint(args.ckpt, map_location="cpu",

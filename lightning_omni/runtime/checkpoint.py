@@ -28,9 +28,8 @@ def shard_path(directory: str | os.PathLike, stage: int) -> Path:
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """Atomically, with the file's digest beside it (``safe_load.save``)."""
+    safe_load.save(obj, path)
 
 
 def write_shard(directory: str | os.PathLike, stage: int, checkpoint: dict[str, Any]) -> None:

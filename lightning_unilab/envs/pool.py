@@ -102,6 +102,24 @@ def _check_count(name: str, value: Any) -> None:
     positive_int(name, value, below=2**31, why="the C++ side takes a 32-bit int")
 
 
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 2**62
+
+
+def _check_fits(model: mujoco.MjModel, num_envs: int) -> None:
+    """Refuse a pool whose MjData buffers alone exceed this machine's memory, before
+    building one env of it (it would swap or fail after minutes, not at once)."""
+    need = int(num_envs) * int(model.nbuffer)
+    have = _physical_memory()
+    if need > have:
+        raise ValueError(f"num_envs: {num_envs} envs need at least {need / 2**30:.1f} GiB of "
+                         f"MjData ({model.nbuffer} bytes each, before their arenas); this "
+                         f"machine has {have / 2**30:.1f} GiB")
+
+
 def _close(name: str, names: Any) -> str:
     close = difflib.get_close_matches(str(name), list(names), n=3)
     return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
@@ -186,6 +204,7 @@ class BatchEnvPool:
         self._core: _core.BatchEnvPool | None = None
         self._model = load_model(model)
         _check_count("num_envs", num_envs)
+        _check_fits(self._model, num_envs)
         if num_threads is None:
             num_threads = len(os.sched_getaffinity(0))
         _check_count("num_threads", num_threads)

@@ -40,6 +40,7 @@ stepped, keeps its state, gets STATUS_BAD_ACTION in ``pool.status`` and its epis
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -153,6 +154,8 @@ def _check_params(params: Any) -> dict[str, float]:
         if isinstance(value, bool) or not isinstance(value, int | float | np.integer |
                                                      np.floating):
             raise TypeError(f"params[{key!r}]: expected a number, got {value!r}")
+        if not math.isfinite(float(value)):
+            raise ValueError(f"params[{key!r}]: expected a finite number, got {value!r}")
         clean[str(key)] = float(value)
     return clean
 
@@ -200,6 +203,7 @@ class TaskVectorEnv:
         self.copy = bool(copy)
         self._randomization = randomization
         self._np_rng = np.random.default_rng(seed)
+        self._params: dict[str, float] = {}
         if isinstance(task, NumpyTask):
             self._numpy: NumpyTask | None = task
             self.name = task.name
@@ -219,6 +223,7 @@ class TaskVectorEnv:
             self._numpy = None
             self.name = info.name
             clean = _check_params(params)
+            self._params = clean
             self.pool = BatchEnvPool(info.load_model(), num_envs, num_threads)
             self._core = _core.TaskEnv(self.pool.core, info.name, clean,
                                        autoreset == "same_step")
@@ -298,6 +303,11 @@ class TaskVectorEnv:
             self._start(idx, rows, out)
         if out.status is not None:
             out.status[idx] = 0
+        bad = ~np.isfinite(out.obs[idx]).all(axis=1)
+        if bad.any():  # no silent NaN: start states the task's parameters made unreal
+            raise ValueError(f"params: the start states of env(s) {idx[bad][:8].tolist()} are "
+                             f"not finite under this task's parameters {self._params!r} (or "
+                             "initial_state rows); check their magnitudes")
         return self._result(out, out.obs), self._info(out, reset=True)
 
     def step(

@@ -101,7 +101,7 @@ class RolloutSpec:
         hint = {"num_envs": " (N: envs per collector)", "horizon": " (T: steps per rollout)"}
         for name in ("num_envs", "horizon", "obs_size", "critic_size", "action_size"):
             try:
-                positive_int(name, getattr(self, name))
+                positive_int(name, getattr(self, name), below=2**31)
             except ValueError as err:
                 raise ValueError(f"{err}{hint.get(name, '')}") from None
         names = self.info_names

@@ -97,6 +97,14 @@ def test_checkpoint_files_are_atomic_and_incomplete_ones_refused(tmp_path):
     ckpt.write_marker(d, 2)
     merged = ckpt.consolidate(d)
     assert merged["a"].tolist() == [1.0, 1.0] and merged["b"].tolist() == [1.0]
-    assert sorted(p.name for p in d.iterdir()) == ["complete.json", "stage0.pt", "stage1.pt"]
+    # no temporary file left; each shard with its digest (a damaged shard is refused)
+    assert sorted(p.name for p in d.iterdir()) == ["complete.json", "stage0.pt",
+                                                   "stage0.pt.sha256", "stage1.pt",
+                                                   "stage1.pt.sha256"]
+    raw = bytearray((d / "stage1.pt").read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one damaged byte
+    (d / "stage1.pt").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="stage1.pt: not a readable checkpoint"):
+        ckpt.consolidate(d)
     with pytest.raises(ValueError, match="stage: expected one of 0..1"):
         ckpt.read_shard(d, 2)
