@@ -112,12 +112,13 @@ def _physical_memory() -> int:
 def _check_fits(model: mujoco.MjModel, num_envs: int) -> None:
     """Refuse a pool whose MjData buffers alone exceed this machine's memory, before
     building one env of it (it would swap or fail after minutes, not at once)."""
-    need = int(num_envs) * int(model.nbuffer)
+    per_env = int(mujoco.MjData(model).nbuffer)  # the fixed buffer every env fills
+    need = int(num_envs) * per_env
     have = _physical_memory()
     if need > have:
         raise ValueError(f"num_envs: {num_envs} envs need at least {need / 2**30:.1f} GiB of "
-                         f"MjData ({model.nbuffer} bytes each, before their arenas); this "
-                         f"machine has {have / 2**30:.1f} GiB")
+                         f"MjData ({per_env} bytes each, before their arenas); this machine "
+                         f"has {have / 2**30:.1f} GiB")
 
 
 def _close(name: str, names: Any) -> str:

@@ -539,3 +539,19 @@ def test_parallel_set_const_equals_batch(xml, threads):
         if expected is None:
             expected = np.broadcast_to(getattr(model, name), got.shape)
         np.testing.assert_array_equal(got, expected, err_msg=name)
+
+
+def test_a_pool_too_large_for_the_machine_is_refused_at_once_by_name():
+    """Refused from MjData's fixed buffer per env before any env is built; the sizes the
+    recipes and benchmarks use (G1 with 4,096 envs: about 3.5 GB) still pass the check."""
+    import time
+
+    from lightning_unilab.envs import tasks
+    from lightning_unilab.envs.pool import _check_fits
+
+    model = tasks.get("InvertedPendulum-v5").load_model()
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"num_envs: 2000000000 envs need at least"):
+        BatchEnvPool(model, 2 * 10**9, 1)
+    assert time.perf_counter() - t0 < 5.0
+    _check_fits(tasks.get("g1-walk-flat").load_model(), 4096)  # does not raise
