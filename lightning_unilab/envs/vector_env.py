@@ -154,8 +154,8 @@ def _check_params(params: Any) -> dict[str, float]:
         if isinstance(value, bool) or not isinstance(value, int | float | np.integer |
                                                      np.floating):
             raise TypeError(f"params[{key!r}]: expected a number, got {value!r}")
-        if not math.isfinite(float(value)):
-            raise ValueError(f"params[{key!r}]: expected a finite number, got {value!r}")
+        if math.isnan(float(value)):  # an infinity may mean "no bound" (reward_floor=-inf)
+            raise ValueError(f"params[{key!r}]: expected a number, got NaN")
         clean[str(key)] = float(value)
     return clean
 
