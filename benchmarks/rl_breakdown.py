@@ -122,16 +122,12 @@ class _Cycles(Callback):
 def _instrument_learner(clock: Clock, module, dm) -> None:
     import lightning_unilab.runtime.data as data_mod
 
-    clock.wrap(module, "_log_rollout", "logging")
-    clock.wrap(module, "log", "logging")
-    clock.wrap(module, "log_dict", "logging")
-    clock.wrap(module, "_emit", "logging")
-    clock.wrap(module, "prepare", "prepare")
-    clock.wrap(module, "_moments", "prepare")
-    clock.wrap(module, "loss_terms", "forward")
-    clock.wrap(module, "manual_backward", "backward")
-    clock.wrap(module, "_update_kl", "kl")
-    clock.wrap(module, "_publish", "publish")
+    # (method of the module, row): the pieces of a training step
+    for name, key in (("_log_rollout", "logging"), ("log", "logging"), ("log_dict", "logging"),
+                      ("_emit", "logging"), ("prepare", "prepare"), ("_moments", "prepare"),
+                      ("loss_terms", "forward"), ("manual_backward", "backward"),
+                      ("_update_kl", "kl"), ("_publish", "publish")):
+        clock.wrap(module, name, key)
     clock.wrap(dm, "_next", "handoff")
     clock.wrap(data_mod, "as_tensors", "host_copy")
 

@@ -136,6 +136,7 @@ class StageExecutor:
         self.encoder_tp = 1  # the encoders' TP degree (Ulysses shards each TP rank's heads)
         # encoder lanes (encoder TP below the LLM's TP): this process's lane, or None
         self.lanes: EncoderLanes | None = None
+        self._lane_params: list[Tensor] | None = None  # what the lanes sum (_reduce_lanes)
         # activation recomputation in training steps (runtime/recompute.py): every LLM block
         # of the stage, every encoder layer (or whole encoder call)
         self.recompute = self.encoder_recompute = False
@@ -547,10 +548,12 @@ class StageExecutor:
         lanes = self.lanes
         if lanes is None or lanes.count == 1 or not self.owns_encoders:
             return
-        llm = {id(p) for mod in self._llm_modules() for p in mod.parameters()}
-        params = [p for m in self.spec.modalities for p in m.encoder.parameters()
-                  if id(p) not in llm]
-        self._all_reduce_grads(list({id(p): p for p in params}.values()), lanes.group,
+        if self._lane_params is None:  # the encoders' own parameters, once
+            llm = {id(p) for mod in self._llm_modules() for p in mod.parameters()}
+            params = [p for m in self.spec.modalities for p in m.encoder.parameters()
+                      if id(p) not in llm]
+            self._lane_params = list({id(p): p for p in params}.values())
+        self._all_reduce_grads(self._lane_params, lanes.group,
                                "all-reduce of encoder gradients over the encoder lanes")
 
     def _sum_grads(self, params: list[Tensor], group: tuple[int, ...], what: str) -> None:
