@@ -144,7 +144,8 @@ def set_learner_threads(cli: UniLabCLI) -> int:
     threads = cli.config["learner_threads"]
     if threads is None:
         on_cpu = isinstance(cli.trainer.accelerator, CPUAccelerator)
-        threads = learner_threads(cli.datamodule.config.mode, cli.trainer.num_devices, on_cpu)
+        mode = cli.datamodule.choose_mode(on_cpu)
+        threads = learner_threads(mode, cli.trainer.num_devices, on_cpu)
     threads = positive_int("learner_threads", threads)
     torch.set_num_threads(threads)
     log.info("learner: %d torch threads", threads)

@@ -46,12 +46,12 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_omnilab import quiet
 from lightning_omnilab.validate import one_of
 from lightning_unilab.envs.randomization import Randomization
-from lightning_unilab.runtime.collector import Collector, CollectorConfig, available_cpus
+from lightning_unilab.runtime.collector import MODES, Collector, CollectorConfig, available_cpus
 from lightning_unilab.runtime.device_copy import PinnedRegion, copy_to_device
 from lightning_unilab.runtime.ring import Ring, check_num_slots
 from lightning_unilab.runtime.rollout import RolloutSpec, as_tensors
 
-__all__ = ["EnvSpec", "RolloutDataModule"]
+__all__ = ["DATA_MODES", "EnvSpec", "RolloutDataModule", "learner_threads", "resolve_mode"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,23 @@ def _auto_threads(mode: str, local_ranks: int, learner_on_cpu: bool = True) -> i
     the core that launches the learner's kernels, which the collector must not stall."""
     share = _cpu_share(local_ranks)
     return share if mode == "sync" or learner_on_cpu else max(1, share - 1)
+
+
+DATA_MODES = ("auto", *MODES)
+
+
+def resolve_mode(mode: str, learner_on_cpu: bool = True) -> str:
+    """``"auto"`` as the mode that reaches a return threshold soonest where the learner runs.
+
+    A CPU learner shares the rank's cores with the collector: run side by side, each runs about
+    1.7x slower than alone, so APPO gains about 1.2x in env steps/s and loses more in samples
+    to data one update old (HalfCheetah-v5 and Ant-v5 on 2 cores, docs/unilab/results.md):
+    sync. A learner on an accelerator leaves the cores to the collector: async.
+    """
+    one_of("mode", mode, DATA_MODES)
+    if mode != "auto":
+        return mode
+    return "sync" if learner_on_cpu else "async"
 
 
 def learner_threads(mode: str, local_ranks: int = 1, learner_on_cpu: bool = True) -> int:
@@ -166,7 +183,9 @@ class RolloutDataModule(pl.LightningDataModule):
             passed to the env; a recipe names it by ``class_path``.
         num_slots: ring slots (>= 2: one read while one is written).
         writer_policy: "block" (default) or "overwrite_oldest".
-        mode: "async" (APPO) or "sync" (the collector waits for the latest weights: PPO).
+        mode: "async" (APPO), "sync" (the collector waits for the latest weights: PPO), or
+            "auto": sync with a CPU learner, async with a learner on an accelerator
+            (:func:`resolve_mode`; decided when the Trainer's device is known).
         collector_threads: CPU threads of the collector (env pool and actor). None: every CPU
             this process may use in sync mode (the learner waits while it collects), all but
             one in async mode (the learner's), at least one.
@@ -210,6 +229,8 @@ class RolloutDataModule(pl.LightningDataModule):
                                 f"(rng, ids) -> draws), got {type(randomization).__name__}")
             env_kwargs["randomization"] = randomization
         self._auto_threads = collector_threads is None
+        self.requested_mode = one_of("mode", mode, DATA_MODES)
+        mode = resolve_mode(mode)  # a CPU learner until the Trainer says otherwise
         self.config = CollectorConfig(task, num_envs, horizon, env_kwargs,
                                       collector_threads or _auto_threads(mode, 1), seed, mode)
         self.config.check()
@@ -268,6 +289,8 @@ class RolloutDataModule(pl.LightningDataModule):
                                "it in the module's setup() from datamodule.env_spec")
         rank = trainer.global_rank if trainer is not None else 0
         self.stop_collector()
+        if trainer is not None:
+            self.choose_mode(trainer.strategy.root_device.type == "cpu")
         if self._auto_threads and trainer is not None:  # the CPUs are shared by this node's ranks
             on_cpu = trainer.strategy.root_device.type == "cpu"
             threads = _auto_threads(self.config.mode, trainer.num_devices, on_cpu)
@@ -283,6 +306,15 @@ class RolloutDataModule(pl.LightningDataModule):
             self.stop_collector()
             raise
         return DataLoader(_RolloutStream(self), batch_size=None, collate_fn=_identity)
+
+    def choose_mode(self, learner_on_cpu: bool) -> str:
+        """Settle ``mode="auto"`` for the learner's device (a given mode stays); returns it."""
+        mode = resolve_mode(self.requested_mode, learner_on_cpu)
+        if mode != self.config.mode:
+            log.info("mode auto: %s (the learner is on the %s)", mode,
+                     "CPU" if learner_on_cpu else "accelerator")
+            self.config = CollectorConfig(**{**self.config.__dict__, "mode": mode})
+        return mode
 
     def publish_policy(self, policy: torch.nn.Module) -> int:
         """Make ``policy``'s weights (and normalizer) the collector's; returns the version."""

@@ -213,3 +213,35 @@ def test_learner_threads_take_the_cores_only_where_the_collector_waits(monkeypat
     assert data.learner_threads("sync", learner_on_cpu=False) == 1  # a GPU learner
     with pytest.raises(ValueError, match="mode"):
         data.learner_threads("both")
+
+
+def test_auto_mode_is_sync_on_a_cpu_learner_and_async_on_an_accelerator():
+    import lightning_unilab.runtime.data as data
+
+    assert data.resolve_mode("auto", learner_on_cpu=True) == "sync"
+    assert data.resolve_mode("auto", learner_on_cpu=False) == "async"
+    for given in ("sync", "async"):  # a mode the user names is kept on either device
+        assert data.resolve_mode(given, learner_on_cpu=True) == given
+        assert data.resolve_mode(given, learner_on_cpu=False) == given
+    with pytest.raises(ValueError, match="mode.*'auto'"):
+        data.resolve_mode("fast")
+    with pytest.raises(ValueError, match="mode"):
+        RolloutDataModule(TASK, mode="fast")
+    dm = RolloutDataModule(TASK, mode="auto")
+    assert dm.config.mode == "sync"  # until the Trainer's device is known
+    assert dm.choose_mode(learner_on_cpu=False) == "async" and dm.config.mode == "async"
+    assert dm.choose_mode(learner_on_cpu=True) == "sync" and dm.config.mode == "sync"
+    fixed = RolloutDataModule(TASK, mode="async")
+    assert fixed.choose_mode(learner_on_cpu=True) == "async"
+
+
+def test_auto_mode_runs_sync_under_a_cpu_trainer(tmp_path):
+    dm = RolloutDataModule(TASK, num_envs=4, horizon=8, mode="auto", num_slots=2)
+    probe = Probe()
+    trainer = pl.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path)
+    trainer.fit(probe, datamodule=dm)
+    assert dm.config.mode == "sync"
+    # sync: every slot was collected with the weights published just before it
+    assert [s["policy_version"] for s in probe.seen] == list(range(len(probe.seen)))
