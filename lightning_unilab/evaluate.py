@@ -385,6 +385,8 @@ class EvaluationRollout(pl.Callback):
                 "task_params": dict(self.task_params)}
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # under DDP trainer.log_dir is a broadcast from rank 0: every rank must ask
+        log_dir = None if self.out_dir else trainer.log_dir
         if trainer.global_rank != 0:
             return
         dm = trainer.datamodule
@@ -394,7 +396,7 @@ class EvaluationRollout(pl.Callback):
             raise RuntimeError("EvaluationRollout: needs a RolloutDataModule (its task) and a "
                                "module with a `policy` (an ActorCritic)")
         kwargs = evaluation_task_kwargs(config.task_kwargs, self.randomize, self.task_params)
-        out = Path(self.out_dir) if self.out_dir else Path(trainer.log_dir or
+        out = Path(self.out_dir) if self.out_dir else Path(log_dir or
                                                            trainer.default_root_dir) / "evaluation"
         import copy
 
