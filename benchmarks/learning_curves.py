@@ -105,7 +105,8 @@ def load_recipe(task: str, recipe: str | None = None,
         section = dict(section or {})
         return dict(section.get("init_args", {})) if "class_path" in section else section
 
-    # "rsl_rl": settings of the rsl_rl baseline itself (torch_threads)
+    # "rsl_rl": settings of the rsl_rl baseline itself: torch_threads, and any key of its
+    # algorithm config (desired_kl, learning_rate, ...) to sweep it apart from the recipe
     out = {"path": str(path), "model": args(cfg.get("model")), "data": args(cfg.get("data")),
            "rsl_rl": {}}
     for item in overrides or []:
@@ -299,13 +300,21 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
 
     env = Recording(task, num_envs, 2, seed=seed, **kwargs)
     cfg = rsl_rl_config(recipe, env)
+    for key, value in recipe.get("rsl_rl", {}).items():
+        if key == "torch_threads":
+            continue
+        if key not in cfg["algorithm"]:
+            raise ValueError(f"--set rsl_rl.{key}: expected torch_threads or a key of rsl_rl's "
+                             f"algorithm config {sorted(cfg['algorithm'])}, got {key!r}")
+        cfg["algorithm"][key] = value
     runner = OnPolicyRunner(env, cfg, log_dir=None, device="cpu")
     try:
         runner.learn(10**9)
     except Stop:
         pass
     env.close()
-    return {"env_steps": env.steps, "num_envs": num_envs, "horizon": horizon}
+    return {"env_steps": env.steps, "num_envs": num_envs, "horizon": horizon,
+            "rsl_rl_algorithm": cfg["algorithm"]}
 
 
 def run_one(algo: str, task: str, seed: int, budget_s: float, recipe_path: str | None,

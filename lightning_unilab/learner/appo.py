@@ -86,6 +86,7 @@ class PreparedSlot:
     returns: Tensor  # [B] V-trace targets
     advantages: Tensor  # [B] (normalized if asked)
     behaviour_kl: float  # KL(behaviour || pre-update policy): how off-policy the slot is
+    is_weight_mean: float = 1.0  # mean of min(rho_bar, pi_target / mu): 1 on-policy
 
     @property
     def size(self) -> int:
@@ -326,8 +327,9 @@ class APPOModule(pl.LightningModule):
         rewards = bootstrap_truncated(batch["rewards"].float(), batch["terminated"],
                                       batch["truncated"], final_values, hp.gamma)
         discounts = episode_discounts(batch["terminated"], batch["truncated"], hp.gamma)
+        log_rhos = target_logp - behaviour_logp
         returns, adv = vtrace(values, last_values, rewards, discounts,
-                              target_logp - behaviour_logp, lam=hp.gae_lambda,
+                              log_rhos, lam=hp.gae_lambda,
                               rho_bar=hp.rho_bar, c_bar=hp.c_bar)
         if hp.normalize_advantages:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -341,7 +343,8 @@ class APPOModule(pl.LightningModule):
             target_logp=target_logp.reshape(b), old_mean=dist.mean.reshape(b, -1),
             old_log_std=old_log_std.reshape(b, -1), old_values=values.reshape(b),
             returns=returns.reshape(b), advantages=adv.reshape(b),
-            behaviour_kl=float(behaviour_kl))
+            behaviour_kl=float(behaviour_kl),
+            is_weight_mean=float(log_rhos.exp().clamp(max=hp.rho_bar).mean()))
 
     def loss_terms(self, slot: PreparedSlot, idx: Tensor | None = None) -> dict[str, Tensor]:
         """The loss and its terms on the samples ``idx`` of ``slot`` (all if None)."""
@@ -409,6 +412,7 @@ class APPOModule(pl.LightningModule):
             "learner/update_s": update_s,
             "learner/samples_per_s": slot.size / update_s,
             "learner/behaviour_kl": slot.behaviour_kl,
+            "learner/is_weight_mean": slot.is_weight_mean,
             "learner/lr": self._lr(),
             "learner/policy_version": float(self.policy_version),
             "learner/skipped_slots": float(self.skipped_slots),
