@@ -126,6 +126,10 @@ class APPOModule(pl.LightningModule):
         policy: a ready :class:`ActorCritic` to train instead of building one.
         gamma: discount. gae_lambda: the lambda of V-trace (GAE when on-policy).
         rho_bar, c_bar: V-trace clips of the IS weights in the TD errors and the traces.
+            ``c_bar`` defaults to 100 (the traces keep their IS weights): at 1, every sample
+            the learner's policy favours less than the collector's shortens the trace and none
+            lengthens it, so lagged data gets nearly one-step advantages (docs/unilab/appo.md,
+            "Stale data").
         clip_ratio: PPO clip epsilon. ratio_form: "decoupled" (pi / pi_prox clipped, weighted by
             min(rho_bar, pi_prox / mu); pi_prox: the pre-update or target policy), "behaviour"
             (pi / mu) or "impact" (pi / max(mu, pi_target)). All three equal PPO on-policy.
@@ -166,7 +170,7 @@ class APPOModule(pl.LightningModule):
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
         rho_bar: float = 1.0,
-        c_bar: float = 1.0,
+        c_bar: float = 100.0,
         clip_ratio: float = 0.2,
         ratio_form: str = "decoupled",
         value_clip: float | None = 0.2,

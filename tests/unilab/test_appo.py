@@ -495,3 +495,19 @@ def test_untracked_metrics_reach_the_logger_at_lightnings_steps(pendulum_batch, 
     assert len(steps["learner/kl"]) == 4 // every
     assert "learner/update_s" not in trainer.callback_metrics  # not tracked by Lightning
     assert "learner/kl" in trainer.callback_metrics
+
+
+def test_default_trace_weights_keep_their_mean_on_lagged_data():
+    """Samples drawn from the collector's policy mu, weighed for the learner's pi: the weights
+    pi/mu average 1 (E_mu[pi/mu] = 1); capped at 1 they average 1 - TV(mu, pi), so every trace
+    of lagged data shrinks. The default c_bar keeps the mean (docs/unilab/appo.md)."""
+    torch.manual_seed(0)
+    std, shift = 0.2, 0.1  # pi's mean one half std from mu's: about one update of lag
+    mu, pi = Normal(0.0, std), Normal(shift, std)
+    actions = mu.sample((200_000,))
+    ratio = (pi.log_prob(actions) - mu.log_prob(actions)).exp()
+    c_bar = APPOModule().hparams.c_bar
+    assert ratio.clamp(max=c_bar).mean().item() == pytest.approx(1.0, abs=0.01)
+    # capped at 1: 1 - TV, TV = 2 Phi(shift / (2 std)) - 1 for two Gaussians of one std
+    tv = 2 * Normal(0.0, 1.0).cdf(torch.tensor(shift / (2 * std))).item() - 1
+    assert ratio.clamp(max=1.0).mean().item() == pytest.approx(1 - tv, abs=0.01)
