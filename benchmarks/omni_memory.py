@@ -17,8 +17,16 @@ its optimizer state. The planner's memory model (``plan.pricing.price_replicas``
 terms: float32 weights, gradients and Adam moments, float32 activations, no dropout, no runtime
 overhead.
 
+A third section loads pretrained weights: a LLaVA of the same width and depth (a small SigLIP
+tower, Llama layers, 32k vocabulary, untied head: 1.49 GB) written by ``save_pretrained``, read
+per rank at PP2 by ``lightning_omni.integrations.hf_pretrained.from_pretrained`` under meta init
+(peak RSS at the end of setup), against one process running ``transformers``'
+``from_pretrained`` of the whole model and reading every parameter once
+(``pretrained_load_peak_rss_mb_per_rank``, ``pretrained_load_peak_rss_mb_whole_model``).
+
     python benchmarks/omni_memory.py --out build/omni_memory.json [--hidden 1536 --blocks 8]
     python benchmarks/omni_memory.py --quick    # width 256, under a minute
+    python benchmarks/omni_memory.py --only pretrained --out build/omni_memory.json  # merged
 """
 
 from __future__ import annotations
@@ -414,12 +422,172 @@ def report_tp(res: dict) -> None:
           f"{'met' if res['tp_met'] else 'MISSED'}")
 
 
+# -- pretrained weights: per-rank loading against transformers' from_pretrained -----------------
+PRETRAINED_TARGET = {"pretrained_rss_ratio_max": 0.7}
+
+
+def pretrained_shape(hidden: int, blocks: int):
+    """A LLaVA at about the stage benchmark's size: a small SigLIP tower, Llama layers of width
+    ``hidden`` (4x MLP, heads of 64, 4 KV heads), a 32k vocabulary, untied head."""
+    from lightning_omni.examples.llava_model import LlavaShape
+
+    return LlavaShape(vision="siglip", text="llama", image_size=64, patch_size=16,
+                      vision_hidden=256, vision_layers=2, vision_heads=4,
+                      vision_intermediate=1024, hidden=hidden, layers=blocks,
+                      heads=heads_of(hidden), kv_heads=min(4, heads_of(hidden)),
+                      intermediate=4 * hidden, vocab=VOCAB)
+
+
+def _save_pretrained(_index: int, hidden: int, blocks: int, path: str) -> None:
+    """A random LLaVA written by save_pretrained (several shards and their index)."""
+    from transformers import LlavaForConditionalGeneration
+
+    from lightning_omni.examples.llava_model import llava_config
+
+    torch.manual_seed(0)
+    LlavaForConditionalGeneration(llava_config(pretrained_shape(hidden, blocks))
+                                  ).save_pretrained(path, max_shard_size="200MB")
+
+
+def _whole_pretrained(_index: int, path: str, out_dir: str) -> None:
+    """A fresh process: transformers' from_pretrained of the whole model, its peak RSS once
+    every parameter has been read. transformers leaves the parameters on a private memory map
+    of the files, so right after from_pretrained only the pages it touched are resident; a
+    training step reads them all (and writes them: copy-on-write)."""
+    from transformers import LlavaForConditionalGeneration
+
+    torch.set_num_threads(1)
+    before = _peak_rss_mb()
+    model = LlavaForConditionalGeneration.from_pretrained(path)
+    mapped = _peak_rss_mb()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.sum()  # reads every page of it
+    Path(out_dir, "pretrained_whole.json").write_text(json.dumps(
+        {"peak_rss_mb": _peak_rss_mb(), "rss_before_mb": before,
+         "rss_right_after_from_pretrained_mb": mapped,
+         "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}))
+
+
+class _PretrainedMeasure(pl.Callback):
+    def __init__(self) -> None:
+        self.out: dict = {}
+
+    def on_train_start(self, trainer, module) -> None:  # setup (the load) is done
+        strategy = trainer.strategy
+        (load,) = strategy.pretrained_loads
+        self.out.update(peak_rss_mb=_peak_rss_mb(), bytes_read=load.bytes_read,
+                        checkpoint_bytes=load.checkpoint_bytes,
+                        param_bytes=sum(p.numel() * p.element_size()
+                                        for p in module.parameters()))
+
+
+def _rank_pretrained(rank: int, world: int, port: int, hidden: int, blocks: int, path: str,
+                     out_dir: str) -> None:
+    """PP2, meta init: hf_pretrained.from_pretrained in configure_model, one SGD step."""
+    from lightning_omni.examples.llava_data import LlavaCaptionDataset
+    from lightning_omni.examples.llava_model import LlavaCaptioner
+    from lightning_omni.integrations.hf_pretrained import from_pretrained
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                      RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0")
+    torch.set_num_threads(1)
+
+    class Pretrained(LlavaCaptioner):
+        def configure_model(self) -> None:
+            from transformers import LlavaForConditionalGeneration
+
+            if self.model is None:
+                measure.out["rss_before_mb"] = _peak_rss_mb()
+                self.model = from_pretrained(LlavaForConditionalGeneration, path)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+    measure = _PretrainedMeasure()
+    model = Pretrained(pretrained_shape(hidden, blocks))
+    v = model.config.vision_config
+    data = LlavaCaptionDataset(4, v.image_size, v.patch_size, model.image_tokens)
+    trainer = pl.Trainer(accelerator="cpu", devices=world, max_steps=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, use_distributed_sampler=False,
+                         callbacks=[measure],
+                         strategy=OmniStrategy(pipeline_parallel=2, num_microbatches=2))
+    trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=4))
+    Path(out_dir, f"pretrained_rank{rank}.json").write_text(json.dumps(measure.out))
+
+
+def run_pretrained(hidden: int, blocks: int) -> dict:
+    """Peak RSS of each PP2 rank loading its stage from a save_pretrained directory, against
+    one process running transformers' from_pretrained of the whole model (each in a fresh
+    process, so earlier allocations do not mask it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp, "llava"))
+        mp.start_processes(_save_pretrained, args=(hidden, blocks, path), nprocs=1,
+                           start_method="spawn")
+        mp.start_processes(_whole_pretrained, args=(path, tmp), nprocs=1,
+                           start_method="spawn")
+        mp.start_processes(_rank_pretrained, args=(2, _free_port(), hidden, blocks, path, tmp),
+                           nprocs=2, start_method="spawn")
+        whole = json.loads(Path(tmp, "pretrained_whole.json").read_text())
+        ranks = [json.loads(Path(tmp, f"pretrained_rank{r}.json").read_text())
+                 for r in range(2)]
+    out = {"pretrained_layout": "PP2 (2 processes), meta init, hf_pretrained.from_pretrained "
+                                "in configure_model; whole: transformers' from_pretrained in "
+                                "one process",
+           "pretrained_param_bytes_whole_model": whole["param_bytes"],
+           "pretrained_param_bytes_per_rank": [r["param_bytes"] for r in ranks],
+           "pretrained_checkpoint_bytes": ranks[0]["checkpoint_bytes"],
+           "pretrained_bytes_read_per_rank": [r["bytes_read"] for r in ranks],
+           "pretrained_load_peak_rss_mb_per_rank": [r["peak_rss_mb"] for r in ranks],
+           "pretrained_load_peak_rss_mb_whole_model": whole["peak_rss_mb"],
+           "pretrained_rss_before_load_mb_per_rank": [r["rss_before_mb"] for r in ranks],
+           "pretrained_rss_before_load_mb_whole_model": whole["rss_before_mb"],
+           "pretrained_rss_right_after_from_pretrained_mb_whole_model":
+               whole["rss_right_after_from_pretrained_mb"],
+           "pretrained_rss_note": "peak RSS (ru_maxrss) of each process; per rank at the end of "
+                                  "setup (the load done, before the first step); whole model: "
+                                  "after from_pretrained and one read of every parameter "
+                                  "(transformers maps the files; right after from_pretrained "
+                                  "only touched pages are resident)"}
+    out["pretrained_rss_ratio"] = (max(out["pretrained_load_peak_rss_mb_per_rank"])
+                                   / out["pretrained_load_peak_rss_mb_whole_model"])
+    out["pretrained_targets"] = PRETRAINED_TARGET
+    out["pretrained_met"] = (out["pretrained_rss_ratio"]
+                             <= PRETRAINED_TARGET["pretrained_rss_ratio_max"])
+    return out
+
+
+def report_pretrained(res: dict) -> None:
+    gb = 1e9
+    print(f"pretrained load: {res['pretrained_layout']}")
+    print(f"{'':28} {'rank 0':>9} {'rank 1':>9} {'whole':>9}")
+    print(f"{'parameters GB':28} "
+          + " ".join(f"{b / gb:9.2f}" for b in res["pretrained_param_bytes_per_rank"])
+          + f" {res['pretrained_param_bytes_whole_model'] / gb:9.2f}")
+    print(f"{'bytes read GB':28} "
+          + " ".join(f"{b / gb:9.2f}" for b in res["pretrained_bytes_read_per_rank"])
+          + f" {res['pretrained_checkpoint_bytes'] / gb:9.2f}")
+    print(f"{'load peak RSS GB':28} "
+          + " ".join(f"{m / 1024:9.2f}" for m in res["pretrained_load_peak_rss_mb_per_rank"])
+          + f" {res['pretrained_load_peak_rss_mb_whole_model'] / 1024:9.2f}")
+    print(f"{'pretrained_rss_ratio':18} {res['pretrained_rss_ratio']:.2f} (target <= "
+          f"{res['pretrained_targets']['pretrained_rss_ratio_max']}): "
+          f"{'met' if res['pretrained_met'] else 'MISSED'}")
+
+
+SECTIONS = ("stages", "tp", "pretrained")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hidden", type=int, default=1536)
     p.add_argument("--blocks", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="width 256: under a minute")
-    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    p.add_argument("--out", type=Path, help="write the results as JSON here (with --only, "
+                   "merged into the file's other sections)")
+    p.add_argument("--only", choices=SECTIONS, help="run one section: stages (PP2 x DP2 and "
+                   "recompute), tp, pretrained (per-rank loading of a save_pretrained LLaVA)")
     args = p.parse_args(argv)
     if args.quick:
         args.hidden = 256
@@ -428,14 +596,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.hidden < HEAD_DIM or args.hidden % HEAD_DIM:
         p.error(f"--hidden: expected a multiple of {HEAD_DIM} (the head width), got "
                 f"{args.hidden}")
-    res = run(args.hidden, args.blocks)
-    res["quick"] = args.quick
-    report(res)
-    if args.quick:
-        print("(--quick: at width 256 the imports dominate the RSS, so its target is for the "
-              "full size)")
-    res.update(run_tp(args.hidden, args.blocks))
-    report_tp(res)
+    res: dict = {}
+    if args.only and args.out and args.out.exists():
+        res = json.loads(args.out.read_text())
+    if args.only in (None, "stages"):
+        res.update(run(args.hidden, args.blocks))
+        res["quick"] = args.quick
+        report(res)
+        if args.quick:
+            print("(--quick: at width 256 the imports dominate the RSS, so its target is for "
+                  "the full size)")
+    if args.only in (None, "tp"):
+        res.update(run_tp(args.hidden, args.blocks))
+        report_tp(res)
+    if args.only in (None, "pretrained"):
+        res.update(run_pretrained(args.hidden, args.blocks))
+        report_pretrained(res)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(res, indent=2))

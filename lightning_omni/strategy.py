@@ -13,6 +13,7 @@ refused at setup (``checks.py``).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -146,6 +147,7 @@ class OmniStrategy(DDPStrategy):
         self._built_here = False  # this rank materialized its stage from a meta build
         self._elsewhere: dict[int, tuple[int, ...]] = {}  # shapes of what it never built
         self._meta_layout = None  # the layout fixed before a meta build was materialized
+        self.pretrained_loads: list = []  # what this rank read of pretrained weights (reports)
         self.lssp, self.reorder = lssp, reorder
         self.recompute, self.encoder_recompute = recompute, encoder_recompute
         self.locality_groups = None if locality_groups is None else list(locality_groups)
@@ -227,15 +229,28 @@ class OmniStrategy(DDPStrategy):
             return
         recording = InitRecording()
         capture_rng(recording, self.root_device)
-        with torch.device("meta"), RecordInit(recording), \
-                self.precision_plugin.tensor_init_context():
-            yield
+        try:
+            with torch.device("meta"), RecordInit(recording), \
+                    self.precision_plugin.tensor_init_context():
+                yield
+        except RuntimeError as err:
+            if _from_pretrained_on_meta(err):
+                raise MetaInitError(
+                    "configure_model: transformers' from_pretrained cannot run inside "
+                    "OmniStrategy's meta-device build (each rank materializes only the stage "
+                    "it hosts). Call lightning_omni.integrations.hf_pretrained."
+                    "from_pretrained(ModelClass, path) there instead: the same call in a plain "
+                    "run, and under OmniStrategy each rank reads only its hosted tensors from "
+                    "the safetensors files (docs/omni/hf_llava.md). Or pass "
+                    "OmniStrategy(meta_init=False) to load the whole model on every rank"
+                ) from err
+            raise
         if not torch.equal(torch.get_rng_state(), recording.cpu_rng):
             raise MetaInitError("configure_model: it reseeded the random generator while "
                                 "building (torch.manual_seed?), which a meta-device build "
                                 "cannot replay; seed before Trainer.fit (seed_everything) or "
                                 "pass OmniStrategy(meta_init=False)")
-        if recording.calls:
+        if recording.calls or recording.sources:
             self._init_recording = recording
 
     def _materialize(self, module) -> bool:
@@ -254,7 +269,14 @@ class OmniStrategy(DDPStrategy):
         recording.cpu_rng, recording.cuda_rng = self.broadcast(
             (recording.cpu_rng, recording.cuda_rng), src=0)
         self._elsewhere = {id(p): tuple(p.shape) for p in elsewhere}  # for the shape probe
-        materialize(module, recording, elsewhere, self.root_device)
+        # pretrained weights (hf_pretrained.from_pretrained): allocated, then read from their
+        # files for what this rank hosts, never initialized first
+        filled = [t for source in recording.sources for t in source.tensors()]
+        materialize(module, recording, elsewhere, self.root_device, filled=filled)
+        skip = {id(p) for p in elsewhere}
+        self.pretrained_loads = [source.load(skip, self.root_device)
+                                 for source in recording.sources]
+        recording.sources.clear()
         self._init_recording = None
         return True
 
@@ -542,6 +564,16 @@ class OmniStrategy(DDPStrategy):
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(_registration.NAME, cls, description=_registration.DESCRIPTION)
+
+
+def _from_pretrained_on_meta(err: BaseException) -> bool:
+    """Whether ``err`` was raised inside ``transformers``' ``from_pretrained`` (which refuses a
+    meta-device context): its traceback passes through that function in ``transformers``."""
+    import traceback
+
+    return any(frame.f_code.co_name == "from_pretrained"
+               and f"{os.sep}transformers{os.sep}" in frame.f_code.co_filename
+               for frame, _ in traceback.walk_tb(err.__traceback__))
 
 
 def _describe(key: tuple) -> str:

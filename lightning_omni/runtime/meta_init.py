@@ -15,15 +15,22 @@ module's, with peak memory of the hosted part plus one scratch parameter.
 A value the replay cannot reproduce (a tensor made outside the recording, a parameter only
 ever allocated because its initializer skipped meta tensors unseen) raises ``MetaInitError``
 naming it.
+
+Pretrained weights: code that runs inside the recording may register a ``WeightSource``
+(``active_recording().sources``), such as a checkpoint directory. The parameters it supplies
+are then allocated without replaying their initialization (``materialize(filled=...)``), and
+the source writes this rank's hosted ones straight from its files
+(``lightning_omni.integrations.hf_pretrained``).
 """
 
 from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -92,6 +99,7 @@ class _Call:
     kwargs: dict
     out: Any
     default_dtype: torch.dtype
+    draws: bool = True  # False: on the meta device in the plain run too (``draws_on_meta``)
 
     @staticmethod
     def of(func: Any, args: tuple, kwargs: dict, out: Any, alive: dict[int, Any]) -> _Call:
@@ -118,6 +126,17 @@ class _Call:
         return keys
 
 
+class WeightSource(Protocol):
+    """Values for some of a meta build's tensors, read after it is materialized (a pretrained
+    checkpoint): ``tensors()`` the parameters and buffers it supplies (the module's own
+    objects), ``load(skip, device)`` writes every one of them whose ``id`` is not in ``skip``
+    (hosted on other ranks) and returns what it read (``bytes_read``)."""
+
+    def tensors(self) -> list[Tensor]: ...
+
+    def load(self, skip: set[int], device: torch.device) -> Any: ...
+
+
 @dataclass
 class InitRecording:
     """What ``configure_model`` did on the meta device, and the RNG state it started from."""
@@ -126,6 +145,30 @@ class InitRecording:
     alive: dict[int, Any] = field(default_factory=dict)  # meta storages seen, by key
     cpu_rng: Tensor | None = None
     cuda_rng: Tensor | None = None
+    sources: list[WeightSource] = field(default_factory=list)  # pretrained values, by tensors
+
+
+@contextmanager
+def draws_on_meta(recording: InitRecording) -> Iterator[None]:
+    """Calls recorded inside ran on the meta device in the plain run as well (``transformers``
+    builds ``from_pretrained``'s model there, then loads or initializes it): their random
+    draws never advanced the plain run's generator, so they are replayed for values only, with
+    the generator's state put back, and skipped where nothing kept depends on them."""
+    start = len(recording.calls)
+    try:
+        yield
+    finally:
+        for call in recording.calls[start:]:
+            call.draws = False
+
+
+# the recordings being made (innermost last): where code running inside one registers sources
+_ACTIVE: list[InitRecording] = []
+
+
+def active_recording() -> InitRecording | None:
+    """The recording of the meta build in progress, or None outside one."""
+    return _ACTIVE[-1] if _ACTIVE else None
 
 
 # torch.nn.init functions that return at once for a meta tensor (no torch call to see):
@@ -162,12 +205,15 @@ class RecordInit(TorchFunctionMode):
                     original = table[name]
                     self._originals.append((table, name, original))
                     table[name] = self._recorded(original)
+        _ACTIVE.append(self.recording)
         return super().__enter__()
 
     def __exit__(self, *exc):
         for table, name, original in reversed(self._originals):
             table[name] = original
         self._originals.clear()
+        if _ACTIVE and _ACTIVE[-1] is self.recording:
+            _ACTIVE.pop()
         return super().__exit__(*exc)
 
     def _recorded(self, original):
@@ -192,14 +238,17 @@ class RecordInit(TorchFunctionMode):
 
 
 def materialize(module: nn.Module, recording: InitRecording, elsewhere: Iterable[Tensor],
-                device: torch.device) -> None:
+                device: torch.device, filled: Iterable[Tensor] = ()) -> None:
     """Replace ``module``'s meta parameters and buffers by real ones with the values the plain
     build gives, except the parameters in ``elsewhere`` (hosted on other ranks only), which
-    become empty tensors (see the module doc). The RNG ends where the plain build leaves it."""
+    become empty tensors (see the module doc), and the parameters in ``filled`` (a
+    ``WeightSource`` writes them next), which are allocated, uninitialized, without replaying
+    what made them. The RNG ends where the plain build leaves it."""
     skipped = {_key(p) for p in elsewhere if p.is_meta}
-    _check_written(module, recording, skipped)
+    unset = {_key(p) for p in filled if p.is_meta} - skipped
+    _check_written(module, recording, skipped | unset)
     kept = {_key(t) for t in (*module.parameters(), *module.buffers())
-            if t.is_meta and _key(t) not in skipped}
+            if t.is_meta and _key(t) not in skipped | unset}
     needed = _needed(recording, kept)
     if recording.cpu_rng is not None:
         torch.set_rng_state(recording.cpu_rng)
@@ -217,6 +266,10 @@ def materialize(module: nn.Module, recording: InitRecording, elsewhere: Iterable
         t = params.pop(name) if name in params else module.get_buffer(name)
         if _key(t) in skipped:
             value = torch.empty(0, dtype=t.dtype, device=device)
+        elif _key(t) in unset:  # written by its WeightSource
+            numel = t.untyped_storage().nbytes() // max(1, t.element_size())
+            value = torch.empty(numel, dtype=t.dtype, device=device).as_strided(
+                t.size(), t.stride(), t.storage_offset())
         elif _key(t) in real:
             value = real[_key(t)].as_strided(t.size(), t.stride(), t.storage_offset())
         else:
@@ -264,7 +317,7 @@ def _replay(call: _Call, real: dict[int, Tensor], needed: set[int], device: torc
     if written and not written & needed:
         # nothing this rank keeps depends on it: only random draws are replayed, on scratch
         # tensors, so that the generator advances as in the plain build
-        if call.name not in _RANDOM:
+        if call.name not in _RANDOM or not call.draws:
             return
         target = call.args[0] if call.args else call.kwargs.get("tensor")
         if call.name in _UNIFORM and device.type == "cpu" and isinstance(target, _Ref):
@@ -281,7 +334,23 @@ def _replay(call: _Call, real: dict[int, Tensor], needed: set[int], device: torc
                                 "not have (one made outside configure_model)")
         return r.view_of(real[r.key])
 
+    if call.name in _RANDOM and not call.draws:
+        with _rng_kept(device):
+            _run(call, view, real, device, record=True)
+        return
     _run(call, view, real, device, record=True)
+
+
+@contextmanager
+def _rng_kept(device: torch.device) -> Iterator[None]:
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, device)
 
 
 def _run(call: _Call, view, real: dict[int, Tensor], device: torch.device,
