@@ -22,12 +22,18 @@ recorded in ``episode.json`` and only the plot is written.
 ``python -m lightning_unilab.evaluate checkpoint CKPT --out DIR`` does the same for a saved
 checkpoint: the task, its ``task_kwargs`` and the recipe's evaluation settings (``task_params``,
 ``max_steps``, ``seed``) come from the checkpoint, so it replays the end-of-training evaluation.
-``--task`` is only needed for a checkpoint that does not name its task.
+``--task`` is only needed for a checkpoint that does not name its task. A task class is rebuilt
+from the class path and init args the checkpoint keeps (its module must be importable here:
+installed, or its directory on PYTHONPATH); ``task_params`` go over its init args.
+
+The plot shows the task's named terms: those named ``reward_*`` in the reward-terms panel, and a
+term ``X`` with a term ``X_command`` beside it (a user task's commands) against its command.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -44,6 +50,8 @@ import torch
 
 from lightning_omnilab import safe_load
 from lightning_omnilab.validate import positive_int
+from lightning_unilab.envs.randomization import build_randomization
+from lightning_unilab.envs.tasks.ref import TaskBuildError, task_label
 
 __all__ = ["CheckpointEvaluation", "Episode", "EvaluationRollout", "TaskMismatchError",
            "checkpoint_evaluation", "evaluation_task_kwargs", "plot_episode", "render_episode",
@@ -71,6 +79,7 @@ class Episode:
     states: np.ndarray | None = None  # [T+1, state_size] mjSTATE_INTEGRATION rows
     terminated: bool = False
     dt: float = 0.0
+    task_ref: dict[str, Any] | None = None  # a task class's {class_path, init_args} (renderer)
 
     @property
     def length(self) -> int:
@@ -114,13 +123,16 @@ def _root_height(model: Any, states: np.ndarray) -> np.ndarray:
     return out
 
 
-def run_episode(policy: torch.nn.Module, task: str, task_kwargs: Mapping[str, Any] | None = None,
+def run_episode(policy: torch.nn.Module, task: Any, task_kwargs: Mapping[str, Any] | None = None,
                 seed: int = 0, max_steps: int | None = None,
                 deterministic: bool = True) -> Episode:
     """Run ``policy`` (an ActorCritic: ``act(obs, deterministic)``) for one episode of one env.
 
     The episode ends at the first termination or truncation, or after ``max_steps`` steps.
-    ``task_kwargs`` are TaskVectorEnv keywords (params, randomization ...), as the data module's.
+    ``task`` is a task name or a task class in any form TaskVectorEnv takes; ``task_kwargs``
+    are TaskVectorEnv keywords (params, randomization ...), as the data module's. The policy
+    acts as the collector's actor does: a float32 CPU copy (its normalizer's float64 statistics
+    cast too), so that a policy and its checkpoint give the same episode.
     """
     from lightning_unilab.envs.vector_env import TaskVectorEnv
 
@@ -129,7 +141,7 @@ def run_episode(policy: torch.nn.Module, task: str, task_kwargs: Mapping[str, An
     env = TaskVectorEnv(task, 1, 1, seed=seed, **kwargs)
     try:
         spec = env.spec
-        _check_sizes(policy, task, spec.obs_size, spec.action_size)
+        _check_sizes(policy, task_label(task), spec.obs_size, spec.action_size)
         limit = spec.max_episode_steps if spec.max_episode_steps > 0 else 1000
         steps = limit if max_steps is None else min(max_steps, limit)
         obs, info = env.reset(seed=seed)
@@ -138,8 +150,7 @@ def run_episode(policy: torch.nn.Module, task: str, task_kwargs: Mapping[str, An
         rewards, terms = [], {name: [] for name in spec.info_names}
         obs_rows, critic_rows = [obs[0].copy()], [None if critic is None else critic[0].copy()]
         terminated = False
-        was_training = policy.training
-        policy.eval()
+        policy = copy.deepcopy(policy).cpu().float().eval()
         for _ in range(steps):
             with torch.no_grad():
                 action = policy.act(torch.as_tensor(obs, dtype=torch.float32),
@@ -158,12 +169,12 @@ def run_episode(policy: torch.nn.Module, task: str, task_kwargs: Mapping[str, An
                 terminated = bool(term[0])
                 break
             states.append(env.pool.state[0].copy())
-        policy.train(was_training)
         dt = float(env.model.opt.timestep) * spec.frame_skip
         states_arr = np.stack(states)
         episode = Episode(task=env.name, rewards=np.asarray(rewards),
                           terms={k: np.asarray(v) for k, v in terms.items()},
-                          states=states_arr, terminated=terminated, dt=dt)
+                          states=states_arr, terminated=terminated, dt=dt,
+                          task_ref=env.task_ref.config() if env.task_ref else None)
         episode.series = _series(env, np.stack(obs_rows),
                                  None if critic_rows[0] is None else np.stack(critic_rows),
                                  states_arr)
@@ -226,6 +237,9 @@ def plot_episode(episode: Episode, path: str | os.PathLike) -> Path:
     named = {k[5:]: v for k, v in s.items() if k.startswith("term_")}
     named.update({k: v for k, v in episode.terms.items() if k.startswith("reward_")})
     velocity = [(k, s[k], s.get(f"{k}_command")) for k in ("vx", "vy", "yaw_rate") if k in s]
+    commanded = [(k, v, episode.terms[f"{k}_command"]) for k, v in episode.terms.items()
+                 if f"{k}_command" in episode.terms]  # a task's own commands: X beside X_command
+    velocity = velocity or commanded
     if not velocity and "x_velocity" in episode.terms:
         velocity = [("x_velocity", episode.terms["x_velocity"], None)]
     panels = 2 + bool(velocity) + bool(named)
@@ -251,7 +265,7 @@ def plot_episode(episode: Episode, path: str | os.PathLike) -> Path:
             ax.plot(t, values, color=f"C{i}", label=key)
             if command is not None:
                 ax.plot(t, command, color=f"C{i}", ls="--", label=f"{key} command")
-        ax.set_ylabel("velocity")
+        ax.set_ylabel("against command" if velocity is commanded else "velocity")
         ax.legend(fontsize=7, ncol=3, loc="upper right")
         tracking = episode.tracking()
         if tracking is not None:
@@ -273,11 +287,11 @@ def plot_episode(episode: Episode, path: str | os.PathLike) -> Path:
 
 
 _RENDER = """
-import sys, numpy as np
+import json, sys, numpy as np
 from lightning_unilab.envs.render import EnvRenderer, write_gif
 from lightning_unilab.envs.vector_env import TaskVectorEnv
 states, task, out, width, height, fps = sys.argv[1:7]
-env = TaskVectorEnv(task, 1, 1)
+env = TaskVectorEnv(json.loads(task) if task.startswith("{") else task, 1, 1)
 renderer = EnvRenderer(env.model, int(width), int(height))
 frames = renderer.render(np.load(states))
 renderer.close(); env.close()
@@ -296,6 +310,9 @@ def render_episode(episode: Episode, path: str | os.PathLike, max_frames: int = 
     states = episode.states[::stride]
     fps = max(1.0, 1.0 / (episode.dt * stride)) if episode.dt > 0 else 30.0
     tried = []
+    task = json.dumps(episode.task_ref) if episode.task_ref else episode.task
+    # a task class is imported by the renderer as by the collector: from this process's path
+    pythonpath = os.pathsep.join(p for p in [*sys.path, os.environ.get("PYTHONPATH", "")] if p)
     backends = [os.environ["MUJOCO_GL"]] if os.environ.get("MUJOCO_GL") else []
     backends += [b for b in _BACKENDS if b not in backends]
     with tempfile.TemporaryDirectory() as tmp:
@@ -303,9 +320,11 @@ def render_episode(episode: Episode, path: str | os.PathLike, max_frames: int = 
         np.save(npy, states)
         for backend in backends:
             env = {**os.environ, "MUJOCO_GL": backend, "PYOPENGL_PLATFORM": backend}
+            if episode.task_ref:
+                env["PYTHONPATH"] = pythonpath
             try:
                 run = subprocess.run(
-                    [sys.executable, "-c", _RENDER, npy, episode.task, str(path), str(size[0]),
+                    [sys.executable, "-c", _RENDER, npy, task, str(path), str(size[0]),
                      str(size[1]), f"{fps:.4f}"], env=env, capture_output=True, text=True,
                     timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -318,11 +337,12 @@ def render_episode(episode: Episode, path: str | os.PathLike, max_frames: int = 
     return "; ".join(tried)
 
 
-def evaluate_policy(policy: torch.nn.Module, task: str, out_dir: str | os.PathLike,
+def evaluate_policy(policy: torch.nn.Module, task: Any, out_dir: str | os.PathLike,
                     task_kwargs: Mapping[str, Any] | None = None, seed: int = 0,
                     max_steps: int | None = None, video: bool = True, max_frames: int = 100,
                     size: tuple[int, int] = (240, 180)) -> dict[str, Any]:
-    """Run one episode and write episode.json, episode.png and (with OpenGL) episode.gif."""
+    """Run one episode and write episode.json, episode.png and (with OpenGL) episode.gif;
+    ``task`` as :func:`run_episode` takes it."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     episode = run_episode(policy, task, task_kwargs, seed=seed, max_steps=max_steps)
@@ -398,10 +418,7 @@ class EvaluationRollout(pl.Callback):
         kwargs = evaluation_task_kwargs(config.task_kwargs, self.randomize, self.task_params)
         out = Path(self.out_dir) if self.out_dir else Path(log_dir or
                                                            trainer.default_root_dir) / "evaluation"
-        import copy
-
-        actor = copy.deepcopy(policy).cpu().float()
-        self.summary = evaluate_policy(actor, config.task, out, kwargs, self.seed,
+        self.summary = evaluate_policy(policy, config.task, out, kwargs, self.seed,
                                        self.max_steps, self.video, self.max_frames, self.size)
         msg = (f"evaluation: return {self.summary['return']:.1f} over {self.summary['length']} "
                f"steps; plot {self.summary['plot']}")
@@ -429,7 +446,7 @@ class CheckpointEvaluation:
     """What a checkpoint says about evaluating its policy: the task, the evaluation env's
     keywords and the episode (as the recipe's EvaluationRollout had them)."""
 
-    task: str
+    task: str | dict[str, Any]  # a task name, or a task class's {class_path, init_args}
     task_kwargs: dict[str, Any]
     max_steps: int | None
     seed: int
@@ -445,9 +462,11 @@ def checkpoint_evaluation(checkpoint: Mapping[str, Any], task: str | None = None
     except a ``task`` that disagrees with the checkpoint's, which is refused."""
     data = checkpoint.get("datamodule_hyper_parameters") or {}
     saved = data.get("task")
-    if saved is not None and task is not None and task != saved:
-        raise TaskMismatchError(f"--task: the checkpoint was trained on {saved!r}, got {task!r}; "
-                                f"drop --task to evaluate on {saved!r}")
+    if saved is not None and task is not None and task_label(task) != task_label(saved):
+        saved_label = task_label(saved)
+        raise TaskMismatchError(f"--task: the checkpoint was trained on {saved_label!r}, got "
+                                f"{task_label(task)!r}; drop --task to evaluate on "
+                                f"{saved_label!r}")
     if saved is None and task is None:
         raise TaskMismatchError("--task: the checkpoint does not name its task (no "
                                 "RolloutDataModule hyperparameters in it); pass --task")
@@ -457,8 +476,10 @@ def checkpoint_evaluation(checkpoint: Mapping[str, Any], task: str | None = None
         kwargs["randomization"] = data["randomization"]
     task_params = {**(settings.get("task_params") or {}), **(params or {})}
     kwargs = evaluation_task_kwargs(kwargs, bool(settings.get("randomize", False)), task_params)
+    if "randomization" in kwargs:  # a user's randomization is kept as {class_path, init_args}
+        kwargs["randomization"] = build_randomization(kwargs["randomization"])
     return CheckpointEvaluation(
-        task=task or saved, task_kwargs=kwargs,
+        task=saved if saved is not None else task, task_kwargs=kwargs,
         max_steps=max_steps if max_steps is not None else settings.get("max_steps"),
         seed=seed if seed is not None else int(settings.get("seed", 0)))
 
@@ -467,8 +488,8 @@ def _params(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str, 
     params: dict[str, float] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        try:
-            params[name] = float(value)
+        try:  # an int stays one: a task class's init args may need it (episode_steps=5)
+            params[name] = int(value) if value.strip().lstrip("+-").isdigit() else float(value)
         except ValueError:
             sep = ""
         if not sep or not name:
@@ -514,12 +535,12 @@ def _main(argv: Sequence[str] | None = None) -> None:
     with safe_load.project_types():
         module = APPOModule.load_from_checkpoint(args.ckpt, map_location="cpu",
                                                  weights_only=True)
-    try:
+    try:  # a task class that does not import or build here is named, as a wrong task is
         run = checkpoint_evaluation(checkpoint, args.task, params, args.max_steps, args.seed)
         summary = evaluate_policy(module.policy, run.task, args.out, run.task_kwargs,
                                   seed=run.seed, max_steps=run.max_steps,
                                   video=not args.no_video)
-    except TaskMismatchError as e:
+    except (TaskMismatchError, ImportError, TaskBuildError) as e:
         ck.error(str(e))
     print(json.dumps({k: summary[k] for k in ("return", "length", "tracking", "plot", "video")}))
 

@@ -7,9 +7,12 @@
 The recipe has LightningCLI's sections: ``trainer`` (logger, callbacks, max_time/max_steps),
 ``model`` (:class:`~lightning_unilab.learner.appo.APPOModule`) and ``data``
 (:class:`~lightning_unilab.runtime.data.RolloutDataModule`). There are no subcommands: the command
-fits. ``--learner_threads`` sets the learner's torch threads (default: all of the rank's CPUs
-in sync mode, where the collector waits while the learner updates; 1 in async mode, where the
-collector steps on the other cores meanwhile). When the run ends the TensorBoard log directory
+fits. ``data.task`` is a task name or a task class of your own, named as LightningCLI names
+classes (``task: {class_path: mypkg.tasks.MyTask, init_args: {...}}``; docs/unilab/tasks.md,
+"Training your own task class"): the collector process builds it. ``--learner_threads`` sets
+the learner's torch threads (default: all of the rank's CPUs in sync mode, where the collector
+waits while the learner updates; 1 in async mode, where the collector steps on the other cores
+meanwhile). When the run ends the TensorBoard log directory
 is printed.
 
 Flags are matched exactly: a typo fails and names the closest flag (argparse would otherwise take

@@ -68,7 +68,7 @@ class PoolVectorEnv(VectorEnv):
 
     def __init__(
         self,
-        task: str | NumpyTask,
+        task: str | NumpyTask | type[NumpyTask] | Mapping[str, Any],
         num_envs: int,
         num_threads: int | None = None,
         *,

@@ -53,6 +53,7 @@ from lightning_unilab import _core
 from lightning_unilab.envs import tasks
 from lightning_unilab.envs.pool import BatchEnvPool, broadcast_real
 from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec
+from lightning_unilab.envs.tasks.ref import TaskBuildError, TaskRef, task_ref
 from lightning_unilab.envs.tasks.rng import EnvRng
 
 __all__ = ["AUTORESET_MODES", "STATUS_BAD_ACTION", "StepBuffers", "TaskVectorEnv"]
@@ -160,15 +161,39 @@ def _check_params(params: Any) -> dict[str, float]:
     return clean
 
 
+def _numpy_model_and_spec(task: NumpyTask) -> tuple[mujoco.MjModel, TaskSpec]:
+    """The task's model and spec, an error naming the task class where either fails."""
+    label = type(task).__qualname__
+    try:
+        model = task.model()
+        spec = task.spec
+    except Exception as err:
+        raise TaskBuildError(f"task {label}: its model() or spec raised {type(err).__name__}: "
+                             f"{err}") from err
+    if not isinstance(model, mujoco.MjModel):
+        raise TypeError(f"task {label}: model() returned a {type(model).__name__}, expected a "
+                        "mujoco.MjModel")
+    if not isinstance(spec, TaskSpec):
+        raise TypeError(f"task {label}: spec is a {type(spec).__name__}, expected a TaskSpec")
+    if spec.reset_info_size:
+        raise ValueError(f"task {label}: spec.reset_info_size must be 0 for a NumpyTask (reset "
+                         "info is written by C++ tasks only); report terms per step through "
+                         "Transition.info")
+    return model, spec
+
+
 class TaskVectorEnv:
     """num_envs copies of a task, stepped together.
 
     Args:
-        task: a registered task name (see ``lightning_unilab.envs.tasks.task_names()``) or a
-            :class:`NumpyTask` instance.
+        task: a registered task name (see ``lightning_unilab.envs.tasks.task_names()``), a
+            :class:`NumpyTask` instance, or a task class (a NumpyTask subclass, its import path
+            "pkg.module.Class", or ``{"class_path": ..., "init_args": {...}}``: built here, see
+            :mod:`lightning_unilab.envs.tasks.ref`).
         num_envs, num_threads: as for :class:`BatchEnvPool`.
         autoreset: "same_step" or "next_step" (see the module doc).
-        params: task parameters overriding defaults (C++ tasks; e.g. {"ctrl_cost_weight": 0.2}).
+        params: task parameters overriding defaults (C++ tasks; e.g. {"ctrl_cost_weight": 0.2});
+            for a task class, init args over its own (a NumpyTask instance takes none).
         randomization: optional function (rng, ids) -> {pool model field: values} applied through
             ``BatchEnvPool.reset(randomization=...)`` to every env at reset() and to each env
             whose episode ended, before its next episode's first step.
@@ -180,7 +205,7 @@ class TaskVectorEnv:
 
     def __init__(
         self,
-        task: str | NumpyTask,
+        task: str | NumpyTask | type[NumpyTask] | Mapping[str, Any] | TaskRef,
         num_envs: int,
         num_threads: int | None = None,
         *,
@@ -204,15 +229,26 @@ class TaskVectorEnv:
         self._randomization = randomization
         self._np_rng = np.random.default_rng(seed)
         self._params: dict[str, float] = {}
+        # the task as plain data ({class_path, init_args}) when built from a task class
+        self.task_ref: TaskRef | None = None
+        if not isinstance(task, NumpyTask):
+            ref = task_ref(task)
+            if isinstance(ref, TaskRef):
+                if params:  # e.g. an evaluation's task_params over the class's init args
+                    _check_params(params)
+                    ref = ref.with_args({str(k): v for k, v in params.items()})
+                    params = None
+                self.task_ref = ref
+                task = ref.build()
         if isinstance(task, NumpyTask):
             self._numpy: NumpyTask | None = task
-            self.name = task.name
+            self.name = task.name if task.name != NumpyTask.name else type(task).__name__
             if params:
                 raise ValueError("params: a NumpyTask takes its parameters in its constructor")
-            self.pool = BatchEnvPool(task.model(), num_envs, num_threads, outputs=task.outputs,
+            model, self.spec = _numpy_model_and_spec(task)
+            self.pool = BatchEnvPool(model, num_envs, num_threads, outputs=task.outputs,
                                      stage="none")
             self._core = None
-            self.spec = task.spec
             self._memory = np.zeros((num_envs, self.spec.memory_size))
             self._rng = EnvRng(num_envs, seed)
             self._length = np.zeros(num_envs, np.int32)
@@ -231,7 +267,8 @@ class TaskVectorEnv:
             self._memory = self._core.memory()
             self._core.seed(None, int(seed) % 2**64)
         else:
-            raise TypeError(f"task: expected a task name or a NumpyTask, got {type(task).__name__}")
+            raise TypeError(f"task: expected a task name, a task class or a NumpyTask, got "
+                            f"{type(task).__name__}")
         self.num_envs = self.pool.num_envs
         self.buffers = StepBuffers.allocate(self.num_envs, self.spec)
         self._all = np.arange(self.num_envs)
@@ -440,6 +477,26 @@ class TaskVectorEnv:
         self._pending[ids] = False
         task.observe(self.pool, ids, self._memory, out.obs, out.critic)
 
+    def _info_rows(self, info: Any, n: int) -> np.ndarray:
+        """A NumpyTask's ``Transition.info`` as (n, len(info_names)) rows in the spec's order."""
+        names = self.spec.info_names
+        label = f"task {self.name}"
+        if info is None:
+            raise ValueError(f"{label}: spec.info_names names {list(names)} but evaluate() "
+                             "returned no Transition.info")
+        if isinstance(info, Mapping):
+            if set(info) != set(names):
+                raise ValueError(f"{label}: Transition.info has keys {sorted(info)}, expected "
+                                 f"spec.info_names {list(names)}")
+            rows = np.stack([np.broadcast_to(np.asarray(info[k], np.float64), (n,))
+                             for k in names], axis=1)
+        else:
+            rows = np.asarray(info, np.float64)
+        if rows.shape != (n, len(names)):
+            raise ValueError(f"{label}: Transition.info: expected {n} rows (the stepped envs) of "
+                             f"{len(names)} terms {list(names)}, got shape {rows.shape}")
+        return rows
+
     def _numpy_step(self, actions: np.ndarray, out: StepBuffers) -> None:
         task = self._numpy
         assert task is not None
@@ -453,6 +510,8 @@ class TaskVectorEnv:
             out.truncated[pending] = False
             if out.status is not None:
                 out.status[pending] = 0
+            if out.info is not None:
+                out.info[pending] = 0
         if not len(active):
             return
         status_before = self.pool.status[active].copy()
@@ -477,6 +536,8 @@ class TaskVectorEnv:
         task.observe(self.pool, active, self._memory, out.obs, out.critic)
         out.reward[active] = tr.reward
         out.terminated[active] = terminated
+        if out.info is not None and spec.info_names:
+            out.info[active] = self._info_rows(tr.info, len(active))
         out.truncated[active] = truncated
         if out.status is not None:
             out.status[active] = self.pool.status[active]

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from lightning_omnilab.validate import is_int, one_of, positive_int
+from lightning_unilab.envs.tasks.ref import TaskRef, task_label, task_ref
 from lightning_unilab.runtime.ring import Ring, RingHandle
 from lightning_unilab.runtime.rollout import RolloutSpec, RolloutState, collect
 from lightning_unilab.runtime.shm import unlink_name
@@ -65,9 +66,13 @@ def available_cpus() -> int:
 
 @dataclass(frozen=True)
 class CollectorConfig:
-    """What the collector process builds: the env, its threads, seed and mode."""
+    """What the collector process builds: the env, its threads, seed and mode.
 
-    task: str
+    ``task``: a built-in task name, or a task class in any form ``task_ref`` takes, kept as a
+    :class:`~lightning_unilab.envs.tasks.ref.TaskRef` (import path and init args: the process
+    imports the class and builds the task itself)."""
+
+    task: str | TaskRef
     num_envs: int
     horizon: int
     task_kwargs: Mapping[str, Any] = field(default_factory=dict)  # TaskVectorEnv keywords
@@ -76,8 +81,13 @@ class CollectorConfig:
     mode: str = "async"
     counters: Mapping[str, Any] | None = None  # RolloutState counters to resume from
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "task", task_ref(self.task))
+
     def check(self) -> None:
         one_of("mode", self.mode, MODES)
+        if isinstance(self.task, TaskRef):  # here, not in the process: errors name the class
+            self.task.check()
         cpus = available_cpus()
         if not is_int(self.threads, minimum=1, below=cpus + 1):
             raise ValueError(f"collector threads: expected 1..{cpus} (the CPUs this process may "
@@ -348,14 +358,15 @@ class Collector:
         return self.version
 
 
-def check_policy(policy: Any, spec: RolloutSpec, task: str) -> None:
+def check_policy(policy: Any, spec: RolloutSpec, task: str | TaskRef) -> None:
     """The policy's (obs, critic, action) sizes must be the task's (where it declares them)."""
     for name in ("obs_size", "critic_size", "action_size"):
         have = getattr(policy, name, None)
         want = getattr(spec, name)
         if have is not None and have != want:
-            raise ValueError(f"policy.{name}: the network takes {have} but task {task!r} has "
-                             f"{want}; build the policy from the data module's env_spec")
+            raise ValueError(f"policy.{name}: the network takes {have} but task "
+                             f"{task_label(task)!r} has {want}; build the policy from the data "
+                             "module's env_spec")
     if not callable(getattr(policy, "act", None)):
         raise TypeError(f"policy: expected a module with act(obs) (an ActorCritic), got "
                         f"{type(policy).__name__}")

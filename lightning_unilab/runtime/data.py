@@ -45,7 +45,9 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_omnilab import quiet
 from lightning_omnilab.validate import one_of
-from lightning_unilab.envs.randomization import Randomization
+from lightning_unilab.envs.randomization import Randomization, randomization_config
+from lightning_unilab.envs.tasks.base import NumpyTask
+from lightning_unilab.envs.tasks.ref import task_config
 from lightning_unilab.runtime.collector import MODES, Collector, CollectorConfig, available_cpus
 from lightning_unilab.runtime.device_copy import PinnedRegion, copy_to_device
 from lightning_unilab.runtime.ring import Ring, check_num_slots
@@ -175,7 +177,11 @@ class RolloutDataModule(pl.LightningDataModule):
     """Rollouts of a TaskVectorEnv collected in a separate process, one slot per batch.
 
     Args:
-        task: task name (``lightning_unilab.envs.tasks.task_names()``).
+        task: task name (``lightning_unilab.envs.tasks.task_names()``), or a task class: a
+            NumpyTask subclass, its import path "pkg.module.Class", or ``{"class_path": ...,
+            "init_args": {...}}`` (a recipe's form). The collector process imports the class
+            and builds the task; checkpoints keep the class path and init args
+            (:mod:`lightning_unilab.envs.tasks.ref`).
         num_envs, horizon: N envs x T steps per rollout.
         task_kwargs: further TaskVectorEnv keywords (``params``, ``nonfinite``, ...).
         randomization: reset-time domain randomization (a
@@ -201,7 +207,7 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def __init__(
         self,
-        task: str = "InvertedPendulum-v5",
+        task: str | dict[str, Any] | type[NumpyTask] = "InvertedPendulum-v5",
         num_envs: int = 64,
         horizon: int = 32,
         task_kwargs: dict[str, Any] | None = None,
@@ -217,7 +223,12 @@ class RolloutDataModule(pl.LightningDataModule):
         pin_ring: bool = True,
     ) -> None:
         super().__init__()
+        # loggers and checkpoints get plain data (weights-only loading reads it back): a task
+        # class as {class_path, init_args}, a user's randomization likewise
+        task, env_randomization = task_config(task), randomization
+        randomization = randomization_config(randomization)  # type: ignore[assignment]
         self.save_hyperparameters()
+        randomization = env_randomization
         self.task = task
         env_kwargs = dict(task_kwargs or {})
         if randomization is not None:
@@ -234,10 +245,6 @@ class RolloutDataModule(pl.LightningDataModule):
         self.config = CollectorConfig(task, num_envs, horizon, env_kwargs,
                                       collector_threads or _auto_threads(mode, 1), seed, mode)
         self.config.check()
-        from lightning_unilab.envs import tasks
-
-        if task not in tasks.task_names():
-            raise ValueError(f"task: expected one of {tasks.task_names()}, got {task!r}")
         check_num_slots(num_slots)
         self.num_slots, self.writer_policy = num_slots, writer_policy
         self.zero_copy = zero_copy

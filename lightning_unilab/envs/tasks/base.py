@@ -10,6 +10,7 @@ reference of the C++ tasks.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,11 +51,17 @@ class TaskSpec:
 
 @dataclass
 class Transition:
-    """Per-env results of one step, for the envs that stepped."""
+    """Per-env results of one step, for the envs that stepped.
+
+    ``info``: the step's named terms (``spec.info_names``: reward terms, commands ...), one row
+    per stepped env: ``{name: values}`` or a (len(ids), len(info_names)) array. They reach
+    ``info`` of the env, the learner's ``step_info/<name>`` logs and the evaluation plot.
+    """
 
     reward: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    info: Mapping[str, np.ndarray] | np.ndarray | None = None
 
 
 class NumpyTask(ABC):
@@ -62,7 +69,12 @@ class NumpyTask(ABC):
 
     ``memory`` is the (num_envs, spec.memory_size) float64 array the task keeps between steps.
     The pool holds the physics; ``outputs`` names the derived mjData arrays the task reads (they
-    describe the state after the last substep's forward pass, as in C++).
+    describe the state after the last substep's forward pass, as in C++). Named per-step terms
+    (``spec.info_names``) come back in ``Transition.info`` from :meth:`evaluate`.
+
+    A task class trains through the data module, recipes and ``evaluate`` when it is importable
+    (defined at the top level of a module) and its constructor takes plain data:
+    :mod:`lightning_unilab.envs.tasks.ref`.
     """
 
     name: str = "numpy-task"
