@@ -16,6 +16,9 @@ Flags are matched exactly: a typo fails and names the closest flag (argparse wou
 ``--data.num_env`` for ``--data.num_envs``). ``--trainer.default_root_dir`` moves the logger's
 ``save_dir`` (the recipes fix it, so it would otherwise be ignored). ``max_time`` is a budget for
 the whole run: a resumed run gets only what remains of it (Lightning's Timer is checkpointed).
+Checkpoints are written atomically with a digest (``AtomicCheckpointIO`` of
+``lightning_omnilab.checkpoint_io``, unless ``--trainer.plugins`` names another checkpoint
+plugin): docs/reliability.md, "Faults".
 """
 
 from __future__ import annotations
