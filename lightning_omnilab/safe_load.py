@@ -21,8 +21,8 @@ import pickle
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["CorruptCheckpointError", "UnsafeCheckpointError", "allow", "allowed", "digest_path",
-           "load", "project_types", "save"]
+__all__ = ["CorruptCheckpointError", "UnsafeCheckpointError", "allow", "allowed", "check_digest",
+           "digest_path", "load", "project_types", "save"]
 
 _ALLOWED: dict[str, type] = {}  # "module.QualName" -> the type it names
 
@@ -70,28 +70,86 @@ def _sha256(path: str | os.PathLike) -> str:
 
 
 def save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to ``path`` atomically (a temporary file renamed over it), then its
-    digest: a reader finds either the old file and digest or the new ones, or a digest that
-    does not match (refused)."""
+    """``torch.save`` to ``path`` atomically (a temporary file beside it, renamed over it), with
+    its digest. A process killed at any point leaves at ``path`` the old file or the new one,
+    each loadable: while the file is swapped the digest file names both the old file's digest
+    and the new one's (two renames are not one atomic step). A failed write (a full disk:
+    ``OSError`` ``ENOSPC``) removes the temporary file and raises ``OSError`` naming ``path``,
+    with the previous checkpoint there untouched. (torch writes through a Python file here: its
+    own file writer reports a full disk as "unexpected pos ...".)"""
     import torch
 
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
-    torch.save(obj, tmp)
-    digest = _sha256(tmp)
-    os.replace(tmp, path)
-    with open(f"{digest_path(path)}.tmp-{os.getpid()}", "w") as f:
-        f.write(digest + "\n")
-    os.replace(f"{digest_path(path)}.tmp-{os.getpid()}", digest_path(path))
+    replaced = False
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+        new = _sha256(tmp)
+        _write_digests(path, [*_current_digests(path), new])  # old or new file: both pass
+        os.replace(tmp, path)
+        replaced = True
+        _write_digests(path, [new])
+    except BaseException as err:
+        _remove_quietly(tmp)
+        cause = _os_error(err)  # torch's zip writer reports a failed write as a RuntimeError
+        if cause is None:
+            raise
+        if replaced:
+            raise OSError(cause.errno, f"checkpoint {path}: saved, but its digest file could "
+                                       f"not be rewritten ({cause.strerror or cause}); it "
+                                       "still loads") from err
+        raise OSError(cause.errno, f"checkpoint {path}: not saved ({cause.strerror or cause}); "
+                                   "the previous checkpoint there, if any, is unchanged") from err
 
 
-def _check_digest(path: str | os.PathLike) -> None:
+def _os_error(err: BaseException | None) -> OSError | None:
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, OSError):
+            return err
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
+def _current_digests(path: str) -> list[str]:
+    """The digests the file now at ``path`` may have (none: no file there)."""
+    if not os.path.exists(path):
+        return []
     try:
         with open(digest_path(path)) as f:
-            want = f.read().strip()
+            return f.read().split()
+    except FileNotFoundError:
+        return [_sha256(path)]  # written without a digest: name its own
+
+
+def _write_digests(path: str, digests: list[str]) -> None:
+    tmp = f"{digest_path(path)}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write("".join(d + "\n" for d in digests))
+        os.replace(tmp, digest_path(path))
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def check_digest(path: str | os.PathLike) -> None:
+    """Raise ``CorruptCheckpointError`` if ``path`` has a digest file (``save`` wrote it) that
+    does not match it; a file without one passes (torch's own checks only)."""
+    try:
+        with open(digest_path(path)) as f:
+            want = f.read().split()
     except FileNotFoundError:
         return  # written by someone else: torch's own checks only
-    if _sha256(path) != want:
+    if _sha256(path) not in want:
         raise CorruptCheckpointError(
             f"{os.fspath(path)}: not a readable checkpoint (corrupted?): its SHA-256 does not "
             f"match {digest_path(path)}")
@@ -111,7 +169,7 @@ def load(path: str | os.PathLike, map_location: Any = "cpu", *,
     checkpoint you trust, as Lightning's ``Trainer.fit(weights_only=False)``)."""
     import torch
 
-    _check_digest(path)
+    check_digest(path)
     if weights_only is False:
         return torch.load(path, map_location=map_location, weights_only=False)
     try:

@@ -19,6 +19,9 @@ Flags are matched exactly: a typo fails and names the closest flag (argparse wou
 ``--data.num_env`` for ``--data.num_envs``). ``--trainer.default_root_dir`` moves the logger's
 ``save_dir`` (the recipes fix it, so it would otherwise be ignored). ``max_time`` is a budget for
 the whole run: a resumed run gets only what remains of it (Lightning's Timer is checkpointed).
+Checkpoints are written atomically with a digest (``AtomicCheckpointIO`` of
+``lightning_omnilab.checkpoint_io``, unless ``--trainer.plugins`` names another checkpoint
+plugin): docs/reliability.md, "Faults".
 """
 
 from __future__ import annotations
@@ -34,13 +37,15 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from lightning_omnilab.checkpoint_io import AtomicCheckpointIO
 from lightning_omnilab.validate import positive_int
 from lightning_unilab.learner.appo import APPOModule
 from lightning_unilab.runtime.data import RolloutDataModule, learner_threads
 
 __all__ = ["UniLabArgumentParser", "UniLabCLI", "did_you_mean", "main",
-           "set_learner_threads"]
+           "set_learner_threads", "use_atomic_checkpoints"]
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +160,24 @@ def set_learner_threads(cli: UniLabCLI) -> int:
     return threads
 
 
+def use_atomic_checkpoints(trainer: Any) -> bool:
+    """Give the trainer's strategy ``AtomicCheckpointIO`` where it has Lightning's default
+    ``TorchCheckpointIO``: a run killed during a save keeps its last complete checkpoint, a full
+    disk says so and keeps it, and each checkpoint carries its digest. A checkpoint plugin the
+    user chose (``--trainer.plugins``) is kept. Returns whether it was set."""
+    strategy = trainer.strategy
+    if type(strategy.checkpoint_io) is not TorchCheckpointIO:
+        return False
+    strategy.checkpoint_io = AtomicCheckpointIO()
+    return True
+
+
 def main(args: list[str] | None = None) -> UniLabCLI:
     cli = UniLabCLI(APPOModule, RolloutDataModule, run=False, seed_everything_default=0,
                     save_config_kwargs={"overwrite": True}, args=args)
     set_learner_threads(cli)
     trainer = cli.trainer
+    use_atomic_checkpoints(trainer)
     try:
         trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config["ckpt_path"])
     finally:

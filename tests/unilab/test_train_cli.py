@@ -30,6 +30,7 @@ def test_recipe_trains_logs_checkpoints_and_resumes(tmp_path, capsys):
     assert list(log_dir.glob("events.out.tfevents.*")), "no TensorBoard event file"
     last = log_dir / "checkpoints" / "last.ckpt"
     assert last.exists()
+    assert last.with_name("last.ckpt.sha256").exists()  # AtomicCheckpointIO: reliability.md
     assert f"tensorboard --logdir {log_dir}" in capsys.readouterr().err
     assert cli.datamodule.collector is None
 

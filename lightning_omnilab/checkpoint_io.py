@@ -1,0 +1,61 @@
+"""Lightning checkpoints written atomically, with a digest: ``AtomicCheckpointIO``.
+
+Lightning's ``TorchCheckpointIO`` writes through an fsspec transaction: the bytes go to a
+temporary file made in the system's temporary directory, then ``shutil.move`` puts it in place.
+Where that directory is on another file system than the checkpoints (a tmpfs ``/tmp``, a
+mounted checkpoint volume), the move is a copy into the final name: a process killed during it
+leaves a torn ``.ckpt`` there, and every killed save leaves a checkpoint-sized file in the
+temporary directory (memory, on a tmpfs). It writes no digest either, so a damaged byte is
+caught only as far as torch's reader catches it.
+
+``AtomicCheckpointIO`` (a ``CheckpointIO`` plugin, Lightning's public hook for this) writes local
+files through ``lightning_omnilab.safe_load.save``: a temporary file beside the checkpoint,
+renamed over it, with its SHA-256 beside it; a full disk raises ``OSError`` naming the file and
+keeps the previous checkpoint. Loading checks the digest (``CorruptCheckpointError``), then
+loads exactly as Lightning does (``weights_only`` as the Trainer passes it). Remote paths
+(``s3://`` ...) are left to Lightning. ``unilab-train`` sets it; elsewhere:
+``Trainer(plugins=[AtomicCheckpointIO()])``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import fsspec.utils
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from lightning_omnilab import safe_load
+
+__all__ = ["AtomicCheckpointIO"]
+
+
+def _is_local_file_protocol(path: Any) -> bool:
+    return fsspec.utils.get_protocol(str(path)) == "file"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose local saves are atomic and carry a digest."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
+                        storage_options: Any | None = None) -> None:
+        if storage_options is not None or not _is_local_file_protocol(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = os.fspath(path)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        safe_load.save(checkpoint, path)
+
+    def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        if _is_local_file_protocol(path) and os.path.isfile(path):
+            safe_load.check_digest(path)
+        return super().load_checkpoint(path, map_location=map_location,
+                                       weights_only=weights_only)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        super().remove_checkpoint(path)
+        if _is_local_file_protocol(path):
+            try:
+                os.unlink(safe_load.digest_path(path))
+            except FileNotFoundError:
+                pass
