@@ -514,6 +514,9 @@ class OmniStrategy(DDPStrategy):
         if self.engine is None:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         layout = self.engine.layout
+        if self.is_global_zero:  # an older checkpoint at this path stops being complete first
+            ckpt.clear_marker(filepath)
+        self.barrier("omni_save_unmark")
         if layout.replica == 0 and layout.tp_rank == 0:  # one writer per stage
             ckpt.write_shard(filepath, layout.stage, checkpoint)
         self.barrier("omni_save_shards")

@@ -2,10 +2,10 @@
 
 A checkpoint is a directory: ``stage{s}.pt`` per pipeline stage (written by replica 0's rank of
 that stage: replicas hold identical copies; with model chunks, every chunk of the rank) and
-``complete.json`` (the stage and chunk counts), written by rank 0 last, after every shard is in
-place. Each file is written to a temporary name and renamed, so a crash leaves
-either the old file or the new one, and a directory without ``complete.json`` is not a
-checkpoint.
+``complete.json`` (the stage and chunk counts), removed by rank 0 first and written by it
+last, after every shard is in place. Each file is written to a temporary name and renamed, so a
+crash leaves either the old file or the new one, and a directory without ``complete.json`` is
+not a checkpoint.
 """
 
 from __future__ import annotations
@@ -46,6 +46,13 @@ def write_marker(directory: str | os.PathLike, pp: int, vpp: int = 1) -> None:
     tmp.write_text(json.dumps({"format": "lightning_omni.stage_shards", "stages": pp,
                                "chunks": vpp}))
     os.replace(tmp, path)
+
+
+def clear_marker(directory: str | os.PathLike) -> None:
+    """Unmark a directory before its shards are replaced: saving again to the same path
+    (``last.ckpt``) must not leave it marked complete while its shards are half old, half new
+    (each shard passes its own digest, so nothing else would notice)."""
+    (Path(directory) / MARKER).unlink(missing_ok=True)
 
 
 def is_sharded(path: str | os.PathLike) -> bool:

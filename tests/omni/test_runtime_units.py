@@ -108,3 +108,33 @@ def test_checkpoint_files_are_atomic_and_incomplete_ones_refused(tmp_path):
         ckpt.consolidate(d)
     with pytest.raises(ValueError, match="stage: expected one of 0..1"):
         ckpt.read_shard(d, 2)
+
+
+def test_a_save_over_an_older_checkpoint_unmarks_it_before_the_shards(tmp_path, monkeypatch):
+    """Killed after one shard of a second save to the same path (last.ckpt): the directory
+    holds one new shard and one old, each with a valid digest; it must not read as complete."""
+    from types import SimpleNamespace
+
+    from lightning_omni.strategy import OmniStrategy
+
+    d = tmp_path / "last.ckpt"
+    for stage in (0, 1):
+        ckpt.write_shard(d, stage, {"state_dict": {"a": torch.full((2,), float(stage))}})
+    ckpt.write_marker(d, 2)
+    writes = []
+
+    def killed_after_the_shard(directory, stage, checkpoint):
+        ckpt.atomic_save(checkpoint, ckpt.shard_path(directory, stage))
+        writes.append(stage)
+        raise SystemExit("killed")  # the process dies before the other stage's shard
+
+    monkeypatch.setattr(ckpt, "write_shard", killed_after_the_shard)
+    layout = SimpleNamespace(replica=0, tp_rank=0, stage=0, pp=2, vpp=1)
+    rank0 = SimpleNamespace(engine=SimpleNamespace(layout=layout), is_global_zero=True,
+                            barrier=lambda name: None)
+    with pytest.raises(SystemExit):
+        OmniStrategy.save_checkpoint(rank0, {"state_dict": {"a": torch.ones(2)}}, d)
+    assert writes == [0]
+    assert not ckpt.is_sharded(d)
+    with pytest.raises(FileNotFoundError, match="interrupted save"):
+        ckpt.consolidate(d)
