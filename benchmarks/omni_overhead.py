@@ -16,6 +16,9 @@ both):
   in the same microbatches: the same work. The one difference in what is computed: Omni
   normalizes the loss by the global count of labelled tokens, DDP each microbatch by its own
   (then 1/M and the mean over ranks), which changes the gradient's weights, not its cost.
+  And the padding: Omni's microbatches are slices of the replica's batch, collated (padded) to
+  its longest encoder sample, DDP's loader batches to their own longest; with heavy-tailed
+  audio (the multimodal recipe) Omni's encoders see more padding rows.
   ``find_unused_parameters=True``: a microbatch without images (or audio) leaves an encoder
   unused, which DDP refuses otherwise.
 
