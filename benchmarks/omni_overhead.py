@@ -188,7 +188,17 @@ class Recorder(pl.Callback):
             self.parts.append(self.clock.close())
 
 
-def _build(model_name: str, steps: int, per_step: int):
+def _fixed_width(batch: dict) -> dict:
+    """Encoder rows padded to the data's longest image (64 patches) and audio (96 frames)."""
+    from lightning_omni.examples.multimodal_data import MAX_FRAMES, PATCH, RESOLUTIONS
+
+    for name, width in (("image", (max(RESOLUTIONS) // PATCH) ** 2), ("audio", MAX_FRAMES)):
+        x = batch[name]
+        batch[name] = torch.nn.functional.pad(x, (0, 0, 0, width - x.shape[1]))
+    return batch
+
+
+def _build(model_name: str, steps: int, per_step: int, fixed_padding: bool = False):
     """(module, datamodule, loss terms) of a recipe's model; the loader's batch ``per_step``."""
     samples = 2 * BATCH * steps
     if model_name == "multimodal":
@@ -199,6 +209,12 @@ def _build(model_name: str, steps: int, per_step: int):
         model = MultimodalCaptioner(hidden=64, layers=4, heads=4, encoder_dim=32,
                                     encoder_heads=4, encoder_layers=2, lr=0.003)
         data = MultimodalCaptionData(batch_size=per_step, samples_per_epoch=samples)
+        if fixed_padding:
+            from lightning_omni.examples import multimodal_data as md
+
+            data.train_dataloader = lambda: torch.utils.data.DataLoader(
+                data.train_set, batch_size=per_step, shuffle=False,
+                collate_fn=lambda s: _fixed_width(md.collate(s)))
         return model, data, caption_loss
     from lightning_omni.examples.llava_data import LlavaCaptionData
     from lightning_omni.examples.llava_model import LlavaCaptioner, LlavaShape
@@ -210,7 +226,7 @@ def _build(model_name: str, steps: int, per_step: int):
     return model, data, causal_lm_loss
 
 
-def _fit(name: str, model_name: str, steps: int) -> dict[str, Any]:
+def _fit(name: str, model_name: str, steps: int, fixed_padding: bool) -> dict[str, Any]:
     from lightning.pytorch.strategies import DDPStrategy
 
     from lightning_omni import OmniStrategy
@@ -222,7 +238,7 @@ def _fit(name: str, model_name: str, steps: int) -> dict[str, Any]:
     else:
         strategy = DDPStrategy(process_group_backend="gloo", find_unused_parameters=True)
         per_step, accumulate = BATCH // MICRO, MICRO
-    model, data, terms = _build(model_name, steps, per_step)
+    model, data, terms = _build(model_name, steps, per_step, fixed_padding)
     rec = Recorder(name, Clock(), terms)
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=steps,
                          accumulate_grad_batches=accumulate, logger=False,
@@ -234,7 +250,7 @@ def _fit(name: str, model_name: str, steps: int) -> dict[str, Any]:
 
 
 def _worker(rank: int, world: int, rounds: int, warmup: int, steps: int,
-            models: list[str]) -> dict:
+            models: list[str], fixed_padding: bool = False) -> dict:
     import logging
 
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "lightning_omni"):
@@ -245,7 +261,7 @@ def _worker(rank: int, world: int, rounds: int, warmup: int, steps: int,
             order = ("omni", "ddp") if r % 2 == 0 else ("ddp", "omni")
             for name in order:
                 out.setdefault(model_name, {}).setdefault(name, []).append(
-                    _fit(name, model_name, warmup + steps))
+                    _fit(name, model_name, warmup + steps, fixed_padding))
     return out
 
 
@@ -267,10 +283,11 @@ def _summarize(runs: list[dict], warmup: int) -> dict[str, Any]:
             "breakdown_ms": breakdown, "first_loss": runs[0]["first_loss"]}
 
 
-def run(rounds: int, warmup: int, steps: int, models: list[str]) -> dict:
+def run(rounds: int, warmup: int, steps: int, models: list[str],
+        fixed_padding: bool = False) -> dict:
     from omni_models import spawn
 
-    r0, _ = spawn(_worker, 2, rounds, warmup, steps, models, timeout=3000.0)
+    r0, _ = spawn(_worker, 2, rounds, warmup, steps, models, fixed_padding, timeout=3000.0)
     out: dict = {}
     for model_name in models:
         omni = _summarize(r0[model_name]["omni"], warmup)
@@ -327,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help="timed steps per fit (default 10)")
     ap.add_argument("--warmup", type=int, help="untimed steps per fit (default 3)")
     ap.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    ap.add_argument("--fixed-padding", action="store_true",
+                    help="multimodal: pad encoder rows to the data's longest sample in every "
+                         "batch, so Omni's microbatch slices and DDP's batches have one width")
     ap.add_argument("--out", help="write the numbers as JSON")
     args = ap.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 5)
@@ -338,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                               "rounds": rounds, "warmup_steps": warmup, "timed_steps": steps},
                  "rows": ROWS}
     t0 = time.time()
-    res["models"] = run(rounds, warmup, steps, args.models)
+    res["settings"]["fixed_padding"] = args.fixed_padding
+    res["models"] = run(rounds, warmup, steps, args.models, args.fixed_padding)
     res["seconds"] = time.time() - t0
     res["load_average_1min_after"] = os.getloadavg()[0]  # others' work skews timings
     _table(res)
