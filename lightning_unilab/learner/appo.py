@@ -348,7 +348,8 @@ class APPOModule(pl.LightningModule):
             old_log_std=old_log_std.reshape(b, -1), old_values=values.reshape(b),
             returns=returns.reshape(b), advantages=adv.reshape(b),
             behaviour_kl=float(behaviour_kl),
-            is_weight_mean=float(log_rhos.exp().clamp(max=hp.rho_bar).mean()))
+            is_weight_mean=float(off_policy_weights(target_logp, behaviour_logp,
+                                                    hp.rho_bar).mean()))
 
     def loss_terms(self, slot: PreparedSlot, idx: Tensor | None = None) -> dict[str, Tensor]:
         """The loss and its terms on the samples ``idx`` of ``slot`` (all if None)."""

@@ -297,9 +297,9 @@ class RolloutDataModule(pl.LightningDataModule):
         rank = trainer.global_rank if trainer is not None else 0
         self.stop_collector()
         if trainer is not None:
-            self.choose_mode(trainer.strategy.root_device.type == "cpu")
-        if self._auto_threads and trainer is not None:  # the CPUs are shared by this node's ranks
             on_cpu = trainer.strategy.root_device.type == "cpu"
+            self.choose_mode(on_cpu)
+        if self._auto_threads and trainer is not None:  # the CPUs are shared by this node's ranks
             threads = _auto_threads(self.config.mode, trainer.num_devices, on_cpu)
             self.config = CollectorConfig(**{**self.config.__dict__, "threads": threads})
         config = CollectorConfig(**{**self.config.__dict__, "seed": self.config.seed + rank,
