@@ -12,7 +12,8 @@ Batch conventions (a dict of tensors, all with the batch dimension first):
 - ``batch[modality.inputs]`` ``[B, L, ...]`` padded encoder inputs, ``batch[modality.lengths]``
   ``[B]`` valid rows per sample (0: the sample has no such input);
 - the encoder maps ``(inputs[S], lengths[S]) -> [|S|, L, hidden]``, each sample independent of
-  the others (so any subset of samples may be encoded anywhere);
+  the others and of its padding (so any subset of samples may be encoded anywhere, padded to
+  its own longest: the first batch checks this);
 - ``scatter_features`` puts the valid rows, sample by sample, at the placeholders;
 - ``loss(logits, batch) -> (sum, count)``: the loss summed over a (micro)batch and the number of
   terms; the step's loss is the global sum over the global count;
@@ -159,6 +160,7 @@ class OmniSpec:
                     and f.shape[1] >= n, f"modalities[{m.name}].encoder",
                     f"output [B, L>={n}, hidden={h.shape[-1]}] (the embedding's width)",
                     _shape(f))
+            _check_padding_masked(m, batch, run)
         feature_dtype, dtypes = h.dtype, []
         for i, b in enumerate(self.blocks):
             out = run(f"blocks[{i}]", b, h)
@@ -189,6 +191,42 @@ class Probe:
     block_dtypes: tuple[torch.dtype, ...]
     logits_shape: tuple[int, ...]
     logits_dtype: torch.dtype
+
+
+# how far a sample's valid rows may move when its padding is cut, by output dtype
+_PADDING_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
+
+
+def _check_padding_masked(m: Modality, batch: dict[str, Tensor], run: _PartRunner) -> None:
+    """The runtime encodes each group of samples padded only to its own longest (and LSSP
+    each sample alone), so an encoder's valid rows must not depend on the padding: checked
+    on the batch's shortest sample, in eval mode (dropout would differ by itself)."""
+    lengths, x = batch[m.lengths], batch[m.inputs]
+    valid = lengths > 0
+    if not bool(valid.any()):
+        return
+    i = int(torch.nonzero(valid & (lengths == lengths[valid].min()))[0, 0])
+    n = int(lengths[i])
+    if n == x.shape[1]:
+        return
+    modes = [(mod, mod.training) for mod in m.encoder.modules()]
+    m.encoder.eval()
+    try:
+        name, one = f"modalities[{m.name}].encoder", lengths[i:i + 1]
+        padded = valid_rows(run(name, m.encoder, x[i:i + 1], one), one)
+        alone = valid_rows(run(name, m.encoder, x[i:i + 1, :n], one), one)
+    finally:
+        for mod, training in modes:
+            mod.training = training
+    tol = _PADDING_TOLERANCE.get(padded.dtype, 3e-2)
+    gap = float((padded.double() - alone.double()).abs().max())
+    scale = max(float(padded.double().abs().max()), 1.0)
+    if gap > tol * scale:
+        raise OmniSpecError(
+            f"modalities[{m.name}].encoder: expected the valid rows of a sample not to depend "
+            f"on its padding (mask the padded rows: {m.lengths} gives the valid ones), got a "
+            f"difference of {gap:.3g} between sample {i}'s {n} rows encoded alone and padded "
+            f"to {x.shape[1]}; the runtime encodes samples padded only to their group's longest")
 
 
 def scatter_features(h: Tensor, tokens: Tensor, token_id: int, features: Tensor) -> Tensor:

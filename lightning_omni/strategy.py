@@ -16,6 +16,7 @@ import logging
 import os
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -453,7 +454,8 @@ class OmniStrategy(DDPStrategy):
         for p, _ in self._step_grads:
             p.grad = None
         if trainer.logger is not None and trainer.global_step % trainer.log_every_n_steps == 0:
-            metrics = step_metrics(result, self.engine.layout)
+            whole = replace(result, plan=self.engine.global_plan(result))
+            metrics = step_metrics(whole, self.engine.layout)
             if dist.get_rank() == 0:
                 trainer.logger.log_metrics(metrics, step=trainer.global_step)
         return self._outputs(result)

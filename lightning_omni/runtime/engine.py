@@ -1,7 +1,8 @@
 """One pipelined step: plan from the batch, execute, normalize, measure.
 
 Every rank builds the same plan for all replicas from the replicas' sample metadata (one small
-all-gather per step), executes its own list, and then divides its gradients by the global number
+all-gather per step; none with one process per replica, whose actions need only its own data),
+executes its own list, and then divides its gradients by the global number
 of loss terms, so the update equals one large-batch step of the plain module. Evaluation and
 prediction run the same plan without its backward half.
 """
@@ -96,6 +97,8 @@ class StepResult:
     grouped: GroupedPlan | None = None  # encoder group work (LSSP / grouped reordering)
     metrics: dict[str, Tensor] = field(default_factory=dict)  # OmniSpec.metrics, global
     outputs: Tensor | None = None  # PREDICT: the head's output for this replica's batch
+    # (mode, this replica's sample costs) when the plan came from them alone (OmniEngine._plan)
+    planned_alone: tuple | None = None
 
 
 def sync_parameters(spec: OmniSpec, timeout: timedelta, rank: int = 0) -> None:
@@ -145,6 +148,7 @@ class OmniEngine:
         self.executor: StageExecutor | None = None
         self.probe: Probe | None = None
         self.steps = 0  # steps run by this engine (any mode), for error messages
+        self.planned_alone: tuple | None = None  # the last plan's, see StepResult
         # shapes of the parameters a meta build never allocated here (by id; the shape probe)
         self.elsewhere: dict[int, tuple[int, ...]] = {}
         self.groups = self._make_groups()
@@ -378,9 +382,12 @@ class OmniEngine:
         record = self.executor.run(plan, mbs, grouped, mode,
                                    forward_context)
         if mode == StepMode.PREDICT:
-            return StepResult(torch.zeros((), dtype=torch.float64), record, plan, 0, grouped,
-                              outputs=self._replica_outputs(batch))
-        return self._finish(batch, record, plan, grouped, mode)
+            result = StepResult(torch.zeros((), dtype=torch.float64), record, plan, 0, grouped,
+                                outputs=self._replica_outputs(batch))
+        else:
+            result = self._finish(batch, record, plan, grouped, mode)
+        result.planned_alone = self.planned_alone
+        return result
 
     def _plan(self, mbs: list[dict[str, Tensor]], mode: StepMode
               ) -> tuple[Schedule, GroupedPlan | None]:
@@ -390,7 +397,7 @@ class OmniEngine:
         up to the next multiple, dropped again by ``first_microbatches``."""
         lay, n = self.layout, len(mbs)
         extra = -n % lay.pp if lay.vpp > 1 else 0
-        grouped = None
+        grouped, self.planned_alone = None, None
         if self.group_options is not None:
             lengths = _with_empty(tuple(self._gather(self.sample_lengths(mbs))), extra)
             names = tuple(m.name for m in self.spec.modalities)
@@ -398,10 +405,25 @@ class OmniEngine:
                                          names, lay.vpp)
             plan = grouped.schedule if mode == StepMode.TRAIN else forward_only(grouped.schedule)
         else:
-            costs = _with_empty(tuple(self._gather(self.sample_costs(mbs))), extra)
+            local = self.sample_costs(mbs)
+            if lay.pp * lay.tp == 1:  # one process per replica: its actions need only its own
+                costs = (local,) * lay.dp  # data (the others' plans are placeholders until
+                self.planned_alone = (mode, local)  # global_plan gathers theirs)
+            else:
+                costs = tuple(self._gather(local))
             build = build_plan if mode == StepMode.TRAIN else build_forward_plan
-            plan = build(self.schedule, lay.pp, costs, lay.vpp)
+            plan = build(self.schedule, lay.pp, _with_empty(costs, extra), lay.vpp)
         return (first_microbatches(plan, n) if extra else plan), grouped
+
+    def global_plan(self, result: StepResult) -> Schedule:
+        """``result``'s plan with every replica's own part (collective: every rank calls it).
+        At one process per replica each step plans from its own data alone."""
+        if result.planned_alone is None:
+            return result.plan
+        mode, local = result.planned_alone
+        costs = tuple(self._gather(local))
+        build = build_plan if mode == StepMode.TRAIN else build_forward_plan
+        return build(self.schedule, self.layout.pp, costs, self.layout.vpp)
 
     def _replica_outputs(self, batch: dict[str, Tensor]) -> Tensor:
         """The head's output for this replica's batch, on every stage of the replica (the

@@ -79,6 +79,12 @@ def split_microbatches(batch: dict[str, Tensor], num: int) -> list[dict[str, Ten
              for k, v in batch.items()} for i in range(num)]
 
 
+def padded_to_longest(inputs: Tensor, lengths: Tensor, samples: Tensor) -> Tensor:
+    """``samples``' encoder inputs padded only to their own longest: a microbatch of short
+    samples does not pay for the batch's longest (the encoder masks padding, see OmniSpec)."""
+    return inputs[samples, :int(lengths[samples].max())]
+
+
 def rows_of(lengths: Tensor, samples: Tensor) -> Tensor:
     """Indices, in the sample-by-sample row order of all samples, of ``samples``' rows."""
     offsets = torch.cumsum(lengths, 0) - lengths
@@ -272,14 +278,15 @@ class StageExecutor:
                 if sub.numel():
                     self._step.rows_encoded += int(lengths[sub].sum())
                     with self._encoder_recomputing(m.encoder):
-                        out = m.encoder(mb[m.inputs][sub], lengths[sub])
+                        out = m.encoder(padded_to_longest(mb[m.inputs], lengths, sub),
+                                        lengths[sub])
                     where = rows_of(lengths[idx], torch.nonzero(mine[has]).flatten()) + total
                     parts.append((where, valid_rows(out, lengths[sub])))
                 total += int(lengths[idx].sum())
                 continue
             self._step.rows_encoded += int(lengths[idx].sum())
             with self._encoder_recomputing(m.encoder):
-                out = m.encoder(mb[m.inputs][idx], lengths[idx])
+                out = m.encoder(padded_to_longest(mb[m.inputs], lengths, idx), lengths[idx])
             chunks.append(valid_rows(out, lengths[idx]))
         if lanes is not None:
             like = torch.empty(0, dtype=self.dtype, device=self.device)

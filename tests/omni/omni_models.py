@@ -272,9 +272,16 @@ class _Record(pl.Callback):
     def __init__(self) -> None:
         self.losses: list[float] = []
         self.grads0: dict[str, Tensor] = {}
+        self.plans: list[tuple[bool, bool]] = []  # (own actions as planned, others differ)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         self.losses.append(float(outputs["loss"]))
+        # a plan made from this replica's data alone (one process per replica): its own
+        # actions are the whole plan's (every rank calls global_plan: a collective)
+        result, engine = trainer.strategy.last_step, trainer.strategy.engine
+        whole, rank = engine.global_plan(result), engine.layout.rank
+        self.plans.append((whole.actions[rank] == result.plan.actions[rank],
+                           whole.actions != result.plan.actions))
         if not self.grads0:
             hosted = trainer.strategy.engine.hosted_param_ids()
             self.grads0 = {n: p.grad.clone() for n, p in module.named_parameters()
@@ -317,7 +324,7 @@ def fit_worker(rank: int, world: int, pp: int, dp: int, schedules: list[str], st
             torch.manual_seed(0)
         _trainer(world, strategy, steps, [rec]).fit(model, loader)
         hosted = strategy.engine.hosted_param_ids() if strategy.engine else set()
-        out[schedule] = {"losses": rec.losses, "grads0": rec.grads0,
+        out[schedule] = {"losses": rec.losses, "grads0": rec.grads0, "plans": rec.plans,
                          "params": {n: p.detach().clone() for n, p in model.named_parameters()
                                     if id(p) in hosted},
                          "param_bytes": sum(p.numel() * p.element_size()

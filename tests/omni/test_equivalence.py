@@ -42,6 +42,11 @@ def test_matches_single_process(pp, dp, zero, lazy, reference, tmp_path):
         for r in ranks:
             torch.testing.assert_close(_f64(r[schedule]["losses"]), _f64(reference["losses"]),
                                        rtol=RTOL, atol=0)
+            # each rank ran its own part of the whole plan; at PP1 x DP2 it planned from its
+            # replica's data alone, and the other replica's data made another plan
+            assert all(own for own, _ in r[schedule]["plans"])
+            if (pp, dp) == (1, 2) and schedule == "uniform_insertion":
+                assert any(other for _, other in r[schedule]["plans"])
         seen_grads, seen_params = set(), set()
         for r in ranks:
             for n, g in r[schedule]["grads0"].items():

@@ -6,7 +6,7 @@ import torch
 from omni_models import IMG, OmniToy, ToyData, global_batches, make_model
 
 from lightning_omni.runtime import checkpoint as ckpt
-from lightning_omni.runtime.executor import rows_of, split_microbatches
+from lightning_omni.runtime.executor import padded_to_longest, rows_of, split_microbatches
 from lightning_omni.runtime.layout import make_layout, partition_blocks
 from lightning_omni.runtime.memory import SavedTensorMeter
 from lightning_omni.spec import OmniSpec, OmniSpecError, get_spec
@@ -138,3 +138,44 @@ def test_a_save_over_an_older_checkpoint_unmarks_it_before_the_shards(tmp_path, 
     assert not ckpt.is_sharded(d)
     with pytest.raises(FileNotFoundError, match="interrupted save"):
         ckpt.consolidate(d)
+
+
+def test_an_encoder_that_reads_its_padding_is_refused_at_the_first_batch():
+    model = make_model(0)
+    spec = model.configure_omni()
+    batch = global_batches(ToyData(8), 8)[0]
+    assert bool((batch["image_len"] > 0).any())
+    assert bool((batch["image_len"] < batch["image"].shape[1]).any())  # there is padding
+    image = spec.modalities[0]
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner, reads_padding: bool):
+            super().__init__()
+            self.inner, self.reads_padding = inner, reads_padding
+            self.drop = torch.nn.Dropout(0.5)
+
+        def forward(self, x, lengths):
+            if self.reads_padding:  # attends over every row, padding included
+                lengths = torch.full_like(lengths, x.shape[1])
+            return self.drop(self.inner(x, lengths))
+
+    def with_encoder(encoder):
+        mod = type(image)(image.name, encoder, image.inputs, image.lengths, image.token_id)
+        return OmniSpec([mod, *spec.modalities[1:]], spec.embedding, spec.blocks, spec.head,
+                        spec.loss)
+
+    masked = Wrapped(image.encoder, reads_padding=False)
+    with_encoder(masked).check_shapes(batch)  # masks its padding; dropout does not count
+    assert all(m.training for m in masked.modules())  # checked in eval mode, flags restored
+    with pytest.raises(OmniSpecError, match=r"modalities\[image\].encoder: expected the valid "
+                                            r"rows of a sample not to depend on its padding"):
+        with_encoder(Wrapped(image.encoder, reads_padding=True)).check_shapes(batch)
+
+
+def test_each_group_of_samples_is_encoded_at_its_own_longest():
+    inputs = torch.arange(4 * 6, dtype=torch.float64).reshape(4, 6, 1)
+    lengths = torch.tensor([2, 0, 5, 3])
+    assert padded_to_longest(inputs, lengths, torch.tensor([0, 3])).shape == (2, 3, 1)
+    assert padded_to_longest(inputs, lengths, torch.tensor([2])).shape == (1, 5, 1)
+    got = padded_to_longest(inputs, lengths, torch.tensor([3, 0]))
+    assert torch.equal(got, inputs[[3, 0], :3])

@@ -4,6 +4,7 @@ import logging
 import os
 
 import pytest
+import torch
 import torch.distributed as dist
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import StrategyRegistry
@@ -95,3 +96,23 @@ def test_metrics_split_errors_and_a_lost_rank(tmp_path):
     want = reference_run(1, 16, ToyData(32))["losses"][0]
     assert tags["omni/loss"][0] == pytest.approx(want, rel=1e-6)
     print(out["split_error"], out["lost_rank_error"], sep="\n")
+
+
+def test_each_microbatch_is_encoded_at_its_own_longest_sample():
+    """A microbatch of short samples does not pay for the batch's longest (DDP's smaller
+    loader batches would not either): the image encoder sees only its samples' own width."""
+    model = make_model(0)
+    widths: list[tuple[int, int]] = []
+    encoder = model.image_encoder
+    forward = encoder.forward
+
+    def recording(x, lengths):
+        if torch.is_grad_enabled():  # a training microbatch, not the first batch's checks
+            widths.append((x.shape[1], int(lengths.max())))
+        return forward(x, lengths)
+
+    encoder.forward = recording
+    _fit(OmniStrategy(num_microbatches=2), model)
+    full = next(iter(DataLoader(ToyData(8), batch_size=4)))["image"].shape[1]
+    assert widths and all(width == longest for width, longest in widths)
+    assert any(width < full for width, _ in widths), (widths, full)
