@@ -4,7 +4,8 @@ Every term is documented in docs/unilab/tasks.md; change both files together. Th
 defaults are C++'s alone (:class:`G1Params` reads them through ``_core.task_defaults``). The
 array-level functions (:meth:`G1WalkFlat.rewards`, :meth:`G1WalkFlat.observe_arrays`) take plain
 (n, ...) arrays, so that the same task also runs over ``mujoco.batch.Batch``
-(benchmarks/task_bench.py).
+(benchmarks/task_bench.py). The terms are :mod:`lightning_unilab.envs.terms`' (arithmetic
+unchanged from the hand-written form: the twin's outputs are bit-identical).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import mujoco
 import numpy as np
 
 from lightning_unilab import _core
+from lightning_unilab.envs import terms
 from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec, Transition
 from lightning_unilab.envs.tasks.rng import EnvRng
 
@@ -23,12 +25,15 @@ if TYPE_CHECKING:
     from lightning_unilab.envs.pool import BatchEnvPool
 
 JOINTS = 29
-LAST_ACTION = slice(0, JOINTS)
-COMMAND = slice(JOINTS, JOINTS + 3)
-AIR_TIME = slice(JOINTS + 3, JOINTS + 5)
-LAST_CONTACT = slice(JOINTS + 5, JOINTS + 7)
-STEP = JOINTS + 7
-MEMORY = JOINTS + 8
+# per-env memory, as in the C++ task: last action, command (vx, vy, yaw rate), feet air time,
+# feet contact at the last step, steps in the episode
+LAYOUT = terms.MemoryLayout(last_action=JOINTS, command=3, air_time=2, last_contact=2, step=1)
+LAST_ACTION = LAYOUT["last_action"]
+COMMAND = LAYOUT["command"]
+AIR_TIME = LAYOUT["air_time"]
+LAST_CONTACT = LAYOUT["last_contact"]
+STEP = LAYOUT.column("step")
+MEMORY = LAYOUT.size
 OBS = 3 + 3 + 3 * JOINTS + 3 + 2  # 98
 CRITIC = OBS + 3 + 1 + 2 + 2  # 106
 
@@ -80,13 +85,6 @@ class G1Params:
         return cls(**{**defaults, **overrides})
 
 
-def gravity(qpos: np.ndarray) -> np.ndarray:
-    """World gravity direction in the pelvis frame, (n, 3), from the free joint quaternion."""
-    w, x, y, z = qpos[:, 3], qpos[:, 4], qpos[:, 5], qpos[:, 6]
-    return np.stack([-2 * (x * z - w * y), -2 * (y * z + w * x),
-                     -(w * w - x * x - y * y + z * z)], axis=1)
-
-
 class G1WalkFlat(NumpyTask):
     """Velocity tracking with the 29-DoF G1; see the module doc."""
 
@@ -110,23 +108,27 @@ class G1WalkFlat(NumpyTask):
         self.frame_skip = max(1, round(p.ctrl_dt / m.opt.timestep))
         self.dt = self.frame_skip * m.opt.timestep
         key = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_KEY, "knees_bent")
-        self.home = (m.key_qpos[key] if key >= 0 else m.qpos0).copy()
-        self.default = self.home[7:]
-
-        def sensor(name: str) -> slice:
-            s = m.sensor(name)
-            return slice(int(s.adr[0]), int(s.adr[0]) + int(s.dim[0]))
-
-        self.s_gyro = sensor("gyro_pelvis")
-        self.s_local_linvel = sensor("local_linvel_pelvis")
-        self.s_global_linvel = sensor("global_linvel_pelvis")
-        self.s_foot_linvel = [sensor("left_foot_global_linvel"),
-                              sensor("right_foot_global_linvel")]
-        self.s_contact = [sensor("left_foot_floor_found").start,
-                          sensor("right_foot_floor_found").start]
+        self.robot = terms.Robot.from_model(m, keyframe=key if key >= 0 else None)
+        self.home = self.robot.default_qpos
+        self.default = self.robot.default_joint_pos
+        self.s_gyro = terms.sensor_slice(m, "gyro_pelvis")
+        self.s_local_linvel = terms.sensor_slice(m, "local_linvel_pelvis")
+        self.s_global_linvel = terms.sensor_slice(m, "global_linvel_pelvis")
+        # (2, 3) sensordata columns: sensordata[:, s_foot_linvel] is (n, feet, xyz)
+        self.s_foot_linvel = np.array([np.r_[terms.sensor_slice(m, f"{side}_foot_global_linvel")]
+                                       for side in ("left", "right")])
+        self.s_contact = terms.sensor_columns(m, ["left_foot_floor_found",
+                                                  "right_foot_floor_found"])
         self.command_low = np.array([p.command_vx_min, p.command_vy_min, p.command_yaw_min])
         self.command_high = np.array([p.command_vx_max, p.command_vy_max, p.command_yaw_max])
-        self.cos_max_tilt = np.cos(p.max_tilt_deg * np.pi / 180.0)
+        self.max_tilt = p.max_tilt_deg * np.pi / 180.0
+        self.reward_sum = terms.RewardSum(
+            {"tracking_lin_vel": p.w_tracking_lin_vel, "tracking_ang_vel": p.w_tracking_ang_vel,
+             "lin_vel_z": p.w_lin_vel_z, "ang_vel_xy": p.w_ang_vel_xy,
+             "orientation": p.w_orientation, "torques": p.w_torques,
+             "action_rate": p.w_action_rate, "feet_air_time": p.w_feet_air_time,
+             "feet_slip": p.w_feet_slip, "termination": p.w_termination, "alive": p.w_alive},
+            scale=self.dt, floor=p.reward_floor)
 
     @property
     def spec(self) -> TaskSpec:
@@ -141,11 +143,8 @@ class G1WalkFlat(NumpyTask):
 
     def sample_start(self, ids: np.ndarray, rng: EnvRng) -> tuple[np.ndarray, np.ndarray]:
         """Start qpos (n, 36) and base velocities (n, 6) for the envs ids."""
-        qpos = np.broadcast_to(self.home, (len(ids), self.home.size)).copy()
-        n = self.p.reset_joint_noise
-        qpos[:, 7:] += rng.uniform(ids, -n, n, JOINTS)
-        v = self.p.reset_base_vel_noise
-        return qpos, rng.uniform(ids, -v, v, 6)
+        qpos = terms.reset_joints(rng, ids, self.robot, self.p.reset_joint_noise)
+        return qpos, terms.reset_base_velocity(rng, ids, self.p.reset_base_vel_noise)
 
     def controls(self, actions: np.ndarray) -> np.ndarray:
         return self.default + self.p.action_scale * actions
@@ -157,53 +156,45 @@ class G1WalkFlat(NumpyTask):
         p = self.p
         s = sensordata
         gyro = s[:, self.s_gyro]
-        v = s[:, self.s_local_linvel]
         cmd = memory[:, COMMAND]
-        g = gravity(qpos)
-        ex, ey, ew = cmd[:, 0] - v[:, 0], cmd[:, 1] - v[:, 1], cmd[:, 2] - gyro[:, 2]
-        lin = np.exp(-(ex * ex + ey * ey) / p.tracking_sigma)
-        ang = np.exp(-(ew * ew) / p.tracking_sigma)
-        vz = s[:, self.s_global_linvel.start + 2]
-        linz = vz * vz
-        angxy = gyro[:, 0] * gyro[:, 0] + gyro[:, 1] * gyro[:, 1]
-        orient = g[:, 0] * g[:, 0] + g[:, 1] * g[:, 1]
-        torque = np.einsum("ij,ij->i", actuator_force, actuator_force)
-        da = actions - memory[:, LAST_ACTION]
-        rate = np.einsum("ij,ij->i", da, da)
-        air = np.zeros(len(qpos))
-        slip = np.zeros(len(qpos))
-        for f in range(2):  # the two feet
-            contact = s[:, self.s_contact[f]] > 0
-            at = JOINTS + 3 + f
-            memory[:, at] += self.dt
-            first = contact & (memory[:, JOINTS + 5 + f] == 0)
-            air += np.where(first, memory[:, at] - p.air_time_threshold, 0.0)
-            fv = s[:, self.s_foot_linvel[f]]
-            slip += np.where(contact, fv[:, 0] * fv[:, 0] + fv[:, 1] * fv[:, 1], 0.0)
-            memory[:, at] = np.where(contact, 0.0, memory[:, at])
-            memory[:, JOINTS + 5 + f] = contact
+        g = terms.projected_gravity(qpos[:, self.robot.base_quat])
+        contact = terms.contact_found(s, self.s_contact)
+        air = terms.feet_air_time(contact, memory[:, AIR_TIME], memory[:, LAST_CONTACT],
+                                  self.dt, p.air_time_threshold)
         air = np.where(cmd[:, 0] * cmd[:, 0] + cmd[:, 1] * cmd[:, 1] > 0.01, air, 0.0)
-        finite = np.isfinite(qpos).all(axis=1) & np.isfinite(qvel).all(axis=1)
-        fallen = ~finite | (qpos[:, 2] < p.min_base_height) | (-g[:, 2] < self.cos_max_tilt)
-        total = (p.w_tracking_lin_vel * lin + p.w_tracking_ang_vel * ang + p.w_lin_vel_z * linz
-                 + p.w_ang_vel_xy * angxy + p.w_orientation * orient + p.w_torques * torque
-                 + p.w_action_rate * rate + p.w_feet_air_time * air + p.w_feet_slip * slip
-                 + p.w_termination * fallen + p.w_alive * ~fallen)
+        fallen = (terms.nonfinite(qpos, qvel) | terms.base_too_low(qpos[:, 2], p.min_base_height)
+                  | terms.tilted(g, self.max_tilt))
+        reward, _ = self.reward_sum({
+            "tracking_lin_vel": terms.tracking_lin_vel_xy(cmd, s[:, self.s_local_linvel],
+                                                          p.tracking_sigma),
+            "tracking_ang_vel": terms.tracking_yaw_rate(cmd[:, 2], gyro[:, 2], p.tracking_sigma),
+            "lin_vel_z": terms.lin_vel_z(s[:, self.s_global_linvel.start + 2]),
+            "ang_vel_xy": terms.ang_vel_xy(gyro),
+            "orientation": terms.flat_orientation(g),
+            "torques": terms.torques(actuator_force),
+            "action_rate": terms.action_rate(actions, memory[:, LAST_ACTION]),
+            "feet_air_time": air,
+            "feet_slip": terms.feet_slip(contact, s[:, self.s_foot_linvel]),
+            "termination": fallen,
+            "alive": ~fallen,
+        })
         memory[:, LAST_ACTION] = actions
         memory[:, STEP] += 1
-        return np.maximum(p.reward_floor, self.dt * total), fallen
+        return reward, fallen
 
     def observe_arrays(self, qpos: np.ndarray, qvel: np.ndarray, sensordata: np.ndarray,
                        memory: np.ndarray, critic: bool = True
                        ) -> tuple[np.ndarray, np.ndarray | None]:
         s = sensordata
-        phase = 2 * np.pi * self.p.gait_frequency * self.dt * memory[:, STEP]
-        obs = np.concatenate([s[:, self.s_gyro], gravity(qpos), qpos[:, 7:] - self.default,
-                              qvel[:, 6:], memory[:, LAST_ACTION], memory[:, COMMAND],
-                              np.cos(phase)[:, None], np.sin(phase)[:, None]], axis=1)
+        phase = terms.gait_phase(memory[:, STEP], self.dt, self.p.gait_frequency)
+        obs = np.concatenate([s[:, self.s_gyro],
+                              terms.projected_gravity(qpos[:, self.robot.base_quat]),
+                              terms.joint_pos_rel(qpos, self.robot),
+                              terms.joint_vel(qvel, self.robot), memory[:, LAST_ACTION],
+                              memory[:, COMMAND], terms.gait_clock(phase)], axis=1)
         if not critic:
             return obs, None
-        contact = np.stack([s[:, c] > 0 for c in self.s_contact], axis=1).astype(np.float64)
+        contact = terms.contact_found(s, self.s_contact).astype(np.float64)
         crit = np.concatenate([obs, s[:, self.s_local_linvel], qpos[:, 2:3], contact,
                                memory[:, AIR_TIME]], axis=1)
         return obs, crit
@@ -226,7 +217,8 @@ class G1WalkFlat(NumpyTask):
         memory[ids] = 0.0
 
     def resample(self, ids: np.ndarray, rng: EnvRng, memory: np.ndarray) -> None:
-        memory[ids, COMMAND] = rng.uniform(ids, self.command_low, self.command_high, 3)
+        memory[ids, COMMAND] = terms.sample_velocity_command(rng, ids, self.command_low,
+                                                             self.command_high)
 
     def act(self, pool: BatchEnvPool, ids: np.ndarray, actions: np.ndarray,
             memory: np.ndarray) -> None:
