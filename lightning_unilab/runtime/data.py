@@ -10,7 +10,8 @@ is one ring slot in the :mod:`lightning_unilab.runtime.rollout` format (``as_ten
 plus a ``"stats"`` dict), one training step per rollout.
 
 Lifecycle: ``train_dataloader()`` (called after the module's setup) starts the collector with a
-CPU copy of ``trainer.lightning_module.policy``; ``teardown`` stops it and removes the shared
+CPU copy of ``trainer.lightning_module.policy`` (a sync run with a CPU learner collects in this
+process instead, on request: :mod:`lightning_unilab.runtime.inline`, the same rollouts); ``teardown`` stops it and removes the shared
 memory; so does ``on_exception`` (also KeyboardInterrupt), and a finalizer at interpreter exit.
 Under DDP every rank runs its own collector and ring with seed ``seed + global_rank``.
 
@@ -50,6 +51,7 @@ from lightning_unilab.envs.tasks.base import NumpyTask
 from lightning_unilab.envs.tasks.ref import task_config
 from lightning_unilab.runtime.collector import MODES, Collector, CollectorConfig, available_cpus
 from lightning_unilab.runtime.device_copy import PinnedRegion, copy_to_device
+from lightning_unilab.runtime.inline import InlineCollector
 from lightning_unilab.runtime.ring import Ring, check_num_slots
 from lightning_unilab.runtime.rollout import RolloutSpec, as_tensors
 
@@ -174,7 +176,8 @@ class _RolloutStream(IterableDataset):
 
 
 class RolloutDataModule(pl.LightningDataModule):
-    """Rollouts of a TaskVectorEnv collected in a separate process, one slot per batch.
+    """Rollouts of a TaskVectorEnv collected in a separate process (in sync mode with a CPU
+    learner: in this one, see ``inline``), one rollout per batch.
 
     Args:
         task: task name (``lightning_unilab.envs.tasks.task_names()``), or a task class: a
@@ -203,6 +206,10 @@ class RolloutDataModule(pl.LightningDataModule):
             ``slots_dropped``): slots that went stale while the learner updated are never
             trained on, and the collector never waits. False: every slot, oldest first.
         start_timeout: seconds the collector may take to build its env.
+        inline: sync mode collects in the learner's own process, when it asks for a batch
+            (:mod:`lightning_unilab.runtime.inline`: the same rollouts, without a process to
+            start or a hand-off per rollout). None: inline for a sync run with a CPU learner;
+            False: always a collector process.
     """
 
     def __init__(
@@ -221,6 +228,7 @@ class RolloutDataModule(pl.LightningDataModule):
         start_timeout: float = 300.0,
         read_newest: bool = False,
         pin_ring: bool = True,
+        inline: bool | None = None,
     ) -> None:
         super().__init__()
         # loggers and checkpoints get plain data (weights-only loading reads it back): a task
@@ -252,12 +260,18 @@ class RolloutDataModule(pl.LightningDataModule):
         self.slots_dropped = 0
         self.start_timeout = start_timeout
         self._spec: RolloutSpec | None = None
-        self.collector: Collector | None = None
+        self.collector: Collector | InlineCollector | None = None
         self.counters: dict[str, Any] = {}  # of the latest slot read (checkpointed)
         self.policy_version = 0
         self.slots_read = 0
         self.ring_copy_s = 0.0  # time spent turning slots into tensors (copies, if any)
         self.pin_ring = bool(pin_ring)
+        if inline is not None and not isinstance(inline, bool):
+            raise TypeError(f"inline: expected True, False or None, got {inline!r}")
+        if inline and self.requested_mode == "async":
+            raise ValueError("inline: collecting in the learner's process needs mode 'sync' "
+                             "(or 'auto' with a CPU learner), got mode 'async'")
+        self.inline = inline
         self._pinned: PinnedRegion | None = None
         self._fetched: int | None = None  # the slot the latest batch views (zero copy)
         self._device_copies: dict[int, Any] = {}  # slot -> CUDA event of its copy
@@ -305,14 +319,27 @@ class RolloutDataModule(pl.LightningDataModule):
         config = CollectorConfig(**{**self.config.__dict__, "seed": self.config.seed + rank,
                                     "counters": self.counters or None})
         # a resumed run continues its version numbers (the module checkpoints its own count)
-        self.collector = Collector(config, policy, self.num_slots, self.writer_policy,
-                                   spec=self.rollout_spec, version=self.policy_version)
+        if self._collects_inline(trainer is None or on_cpu):
+            self.collector = InlineCollector(config, policy, self.rollout_spec,
+                                             version=self.policy_version)
+        else:
+            self.collector = Collector(config, policy, self.num_slots, self.writer_policy,
+                                       spec=self.rollout_spec, version=self.policy_version)
         try:
             self.collector.start(self.start_timeout)
         except BaseException:
             self.stop_collector()
             raise
         return DataLoader(_RolloutStream(self), batch_size=None, collate_fn=_identity)
+
+    def _collects_inline(self, learner_on_cpu: bool) -> bool:
+        if self.config.mode != "sync":
+            if self.inline:
+                raise ValueError("inline: collecting in the learner's process needs mode "
+                                 f"'sync'; mode {self.requested_mode!r} chose "
+                                 f"{self.config.mode!r} for this learner")
+            return False
+        return learner_on_cpu if self.inline is None else self.inline
 
     def choose_mode(self, learner_on_cpu: bool) -> str:
         """Settle ``mode="auto"`` for the learner's device (a given mode stays); returns it."""
@@ -337,14 +364,14 @@ class RolloutDataModule(pl.LightningDataModule):
         collector only after the copy's event (see ``_release``)."""
         if device.type != "cuda":
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
-        if self.pin_ring and self._pinned is None and self.collector is not None:
+        if self.pin_ring and self._pinned is None and isinstance(self.collector, Collector):
             self._pinned = PinnedRegion(self.collector.ring.buffer)
         out, done = copy_to_device(dict(batch), device)  # dict(): takes a deferred slot
         if done is not None and self._fetched is not None:
             self._device_copies[self._fetched] = done
         return out
 
-    def _release(self, collector: Collector, slot: int) -> None:
+    def _release(self, collector: Collector | InlineCollector, slot: int) -> None:
         done = self._device_copies.pop(slot, None)
         if done is not None:
             done.synchronize()  # the DMA reads the slot until then
