@@ -11,8 +11,9 @@ plus a ``"stats"`` dict), one training step per rollout.
 
 Lifecycle: ``train_dataloader()`` (called after the module's setup) starts the collector with a
 CPU copy of ``trainer.lightning_module.policy`` (a sync run with a CPU learner collects in this
-process instead, on request: :mod:`lightning_unilab.runtime.inline`, the same rollouts); ``teardown`` stops it and removes the shared
-memory; so does ``on_exception`` (also KeyboardInterrupt), and a finalizer at interpreter exit.
+process instead, on request: :mod:`lightning_unilab.runtime.inline`, the same rollouts);
+``teardown`` stops it and removes the shared memory; so does ``on_exception`` (also
+KeyboardInterrupt), and a finalizer at interpreter exit.
 Under DDP every rank runs its own collector and ring with seed ``seed + global_rank``.
 
 Zero copy and Lightning's prefetch: Lightning asks for batch i+1 before it runs
