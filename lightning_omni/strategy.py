@@ -148,6 +148,8 @@ class OmniStrategy(DDPStrategy):
         self._built_here = False  # this rank materialized its stage from a meta build
         self._elsewhere: dict[int, tuple[int, ...]] = {}  # shapes of what it never built
         self._meta_layout = None  # the layout fixed before a meta build was materialized
+        # (sources, ids not hosted) of pretrained weights read once TP has sharded the stage
+        self._pretrained: tuple[list, set[int]] | None = None
         self.pretrained_loads: list = []  # what this rank read of pretrained weights (reports)
         self.lssp, self.reorder = lssp, reorder
         self.recompute, self.encoder_recompute = recompute, encoder_recompute
@@ -275,8 +277,11 @@ class OmniStrategy(DDPStrategy):
         filled = [t for source in recording.sources for t in source.tensors()]
         materialize(module, recording, elsewhere, self.root_device, filled=filled)
         skip = {id(p) for p in elsewhere}
-        self.pretrained_loads = [source.load(skip, self.root_device)
-                                 for source in recording.sources]
+        if self.tensor_parallel > 1:  # read after sharding: each TP rank only its shards
+            self._pretrained = (list(recording.sources), skip)
+        else:
+            self.pretrained_loads = [source.load(skip, self.root_device)
+                                     for source in recording.sources]
         recording.sources.clear()
         self._init_recording = None
         return True
@@ -298,6 +303,11 @@ class OmniStrategy(DDPStrategy):
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         self.engine = self._engine_for(module)
+        if self._pretrained is not None:  # the meta build's pretrained tensors, now sharded
+            sources, skip = self._pretrained
+            self._pretrained = None
+            self.pretrained_loads = [source.load(skip, self.root_device, sharded=True)
+                                     for source in sources]
         self.engine.set_recompute(self.recompute, self.encoder_recompute)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)

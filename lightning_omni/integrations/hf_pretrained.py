@@ -135,11 +135,15 @@ class SafetensorsSource:
         return [t for t in self.targets.values() if isinstance(t, nn.Parameter)]
 
     @torch.no_grad()
-    def load(self, skip: set[int], device: torch.device) -> LoadReport:
+    def load(self, skip: set[int], device: torch.device, sharded: bool = False) -> LoadReport:
         """Write every supplied tensor not in ``skip``: reads only their byte ranges, file by
         file, straight into the parameter where it is a contiguous CPU tensor of the stored
         dtype (else through one temporary tensor, converted by ``copy_`` as
-        ``load_state_dict`` converts)."""
+        ``load_state_dict`` converts).
+
+        ``sharded``: the model has been sharded for tensor parallelism since the meta build
+        (its tensors replaced by DTensors): look each tensor up by name and read only the
+        bytes of this rank's shard into the shard."""
         by_file: dict[str, list[int]] = {}
         for tid in self.keys:
             if tid not in skip:
@@ -150,7 +154,9 @@ class SafetensorsSource:
             with open(file, "rb", buffering=0) as f:
                 header, start = _header(f, file)
                 for tid in by_file[name]:
-                    target, (param_name, key) = self.targets[tid], self.keys[tid]
+                    param_name, key = self.keys[tid]
+                    target = (_current(self.model, param_name) if sharded
+                              else self.targets[tid])
                     info = header.get(key)
                     if not isinstance(info, dict):
                         raise PretrainedError(f"{file}: expected {key} (for {param_name}) in "
@@ -161,8 +167,8 @@ class SafetensorsSource:
                             f"{file}: {key} (for {param_name}): expected shape "
                             f"{tuple(target.shape)} (the model's), got {shape}")
                     begin, end = info["data_offsets"]
-                    _read_into(f, file, key, start + begin, end - begin, info["dtype"], target)
-                    read += end - begin
+                    read += _read_shard_into(f, file, key, start + begin, end - begin,
+                                             info["dtype"], target)
                     count += 1
         return LoadReport(str(self.path), count, read, len(by_file), _checkpoint_bytes(self))
 
@@ -212,6 +218,53 @@ def _read_into(f: Any, file: Path, key: str, offset: int, nbytes: int, stored: s
         done += n
     if not direct:
         target.copy_(buffer)  # the parameter's dtype and device, as load_state_dict does
+
+
+def _current(model: nn.Module, name: str) -> Tensor:
+    """``model``'s tensor ``name`` as it is now (a parameter, else a buffer)."""
+    try:
+        return model.get_parameter(name)
+    except AttributeError:
+        return model.get_buffer(name)
+
+
+def _read_shard_into(f: Any, file: Path, key: str, offset: int, nbytes: int, stored: str,
+                     target: Tensor) -> int:
+    """Like ``_read_into``; a DTensor sharded on one dimension of a 1-D mesh gets only its
+    shard's bytes (one contiguous run per index of the dimensions before the sharded one).
+    Returns the bytes read."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(target, DTensor):
+        _read_into(f, file, key, offset, nbytes, stored, target)
+        return nbytes
+    local = target.to_local()
+    (placement,) = target.placements  # the runtime's TP meshes are 1-D
+    if not isinstance(placement, Shard):  # replicated: the whole tensor on every rank
+        _read_into(f, file, key, offset, nbytes, stored, local)
+        return nbytes
+    shape, dim = tuple(target.shape), placement.dim % target.dim()
+    mesh = target.device_mesh
+    sizes = [c.shape[dim] for c in torch.empty(shape, device="meta").chunk(mesh.size(), dim)]
+    sizes += [0] * (mesh.size() - len(sizes))
+    rank = mesh.get_local_rank()
+    first, count = sum(sizes[:rank]), sizes[rank]
+    if tuple(local.shape) != shape[:dim] + (count,) + shape[dim + 1:]:
+        raise PretrainedError(f"{file}: {key}: this rank's shard has shape "
+                              f"{tuple(local.shape)}, expected rows {first}:{first + count} "
+                              f"of dimension {dim} of {shape}")
+    item = nbytes // max(1, math.prod(shape))
+    inner = math.prod(shape[dim + 1:])
+    outer = math.prod(shape[:dim])
+    run = count * inner * item  # bytes of one contiguous run
+    rows = local.reshape(outer, count * inner) if local.is_contiguous() else None
+    buffer = rows if rows is not None else torch.empty(outer, count * inner, dtype=local.dtype)
+    for i in range(outer):
+        at = offset + (i * shape[dim] + first) * inner * item
+        _read_into(f, file, key, at, run, stored, buffer[i])
+    if rows is None:
+        local.copy_(buffer.reshape(local.shape))
+    return outer * run
 
 
 def _checkpoint_bytes(source: SafetensorsSource) -> int:
