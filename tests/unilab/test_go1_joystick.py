@@ -89,3 +89,5 @@ def test_recipe_trains_three_updates(tmp_path: Path) -> None:
     summary = json.loads((Path(cli.trainer.log_dir) / "evaluation" / "episode.json").read_text())
     assert summary["task"] == "go1-joystick" and 1 <= summary["length"] <= 20
     assert {"vx", "vx_command", "reward_tracking_lin_vel"} <= set(summary["terms"])
+    # its own vx, vy, yaw_rate terms beside their commands give the tracking errors
+    assert summary["tracking"]["lin_vel_error_mps"] >= 0
