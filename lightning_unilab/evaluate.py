@@ -91,8 +91,9 @@ class Episode:
 
     def tracking(self) -> dict[str, float] | None:
         """Mean velocity-tracking errors against the command (locomotion tasks), and how many
-        times the command changed during the episode."""
-        s = self.series
+        times the command changed during the episode: from the G1's series, or from a task's
+        own terms of those names (a user's task reporting vx, vx_command ... in its info)."""
+        s = {**self.terms, **self.series}
         if not {"vx", "vy", "yaw_rate", "vx_command", "vy_command", "yaw_rate_command"} <= set(s):
             return None
         lin = np.hypot(s["vx"] - s["vx_command"], s["vy"] - s["vy_command"])
