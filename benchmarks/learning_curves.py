@@ -120,6 +120,15 @@ def load_recipe(task: str, recipe: str | None = None,
     return out
 
 
+def _recipe_task(task: str, recipe: dict[str, Any]) -> Any:
+    """``--task``, or the recipe's own task entry where that names the same class (a class
+    path with its ``init_args``: given as ``--task`` alone they would be dropped)."""
+    own = recipe.get("data", {}).get("task")
+    if isinstance(own, dict) and own.get("class_path") == task:
+        return own
+    return task
+
+
 def _instantiate(value: Any) -> Any:
     """class_path/init_args mappings (as jsonargparse reads them) into objects."""
     if isinstance(value, dict) and "class_path" in value:
@@ -147,7 +156,8 @@ def run_lightning(task: str, mode: str, seed: int, budget_s: float, curve: Curve
     torch.set_num_threads(learner_threads(mode))  # as the train CLI's default
     curve.restart()
     pl.seed_everything(seed, verbose=False)
-    data_args = {**_instantiate(recipe["data"]), "task": task, "mode": mode, "seed": seed}
+    data_args = {**_instantiate(recipe["data"]), "task": _recipe_task(task, recipe),
+                 "mode": mode, "seed": seed}
     dm = RolloutDataModule(**data_args)
     module = APPOModule(**_instantiate(recipe["model"]))
     last: dict[str, Any] = {"total": 0, "lag": [], "lr": [], "kl": []}
@@ -298,7 +308,7 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
                 raise Stop
             return obs, rewards, dones, extras
 
-    env = Recording(task, num_envs, 2, seed=seed, **kwargs)
+    env = Recording(_recipe_task(task, recipe), num_envs, 2, seed=seed, **kwargs)
     cfg = rsl_rl_config(recipe, env)
     for key, value in recipe.get("rsl_rl", {}).items():
         if key == "torch_threads":

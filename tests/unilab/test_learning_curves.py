@@ -114,3 +114,11 @@ def test_plot_run_reads_a_tensorboard_log(lc, tmp_path: Path) -> None:
     assert (tmp_path / "run.png").stat().st_size > 0
     with pytest.raises(ValueError, match="no scalars"):
         lc.plot_run(str(tmp_path / "log"), tmp_path / "none.png", tags=("x/y",))
+
+
+def test_a_class_path_task_keeps_the_recipes_init_args(lc) -> None:
+    own = {"class_path": "examples.go1_joystick.Go1Joystick", "init_args": {"action_scale": 0.2}}
+    recipe = {"data": {"task": own}}
+    assert lc._recipe_task("examples.go1_joystick.Go1Joystick", recipe) is own
+    assert lc._recipe_task("Ant-v5", recipe) == "Ant-v5"  # another task: as given
+    assert lc._recipe_task("Ant-v5", {"data": {"task": "Ant-v5"}}) == "Ant-v5"
