@@ -85,6 +85,12 @@ def measure_training(recipe: Path, seconds: float, extra: list[str] = ()) -> dic
             "collector_threads": cli.datamodule.config.threads, "steps": len(clock.rows)}
 
 
+def _shown(path: Path) -> str:
+    """A recipe's path relative to the repository where it lies inside it, else absolute."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cores", type=int, nargs="+", default=None,
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = yaml.safe_load(args.recipe.read_text())["data"]
     n, t = int(data["num_envs"]), int(data["horizon"])
     out: dict[str, Any] = {"task": data["task"], "num_envs": n, "horizon": t,
-                           "recipe": str(args.recipe.relative_to(REPO)),
+                           "recipe": _shown(args.recipe),
                            "seconds": args.seconds, "cores": [],
                            "collect_env_steps_per_s": [], "train_env_steps_per_s": [],
                            "collected_env_steps_per_s": [], "collector_threads": []}
