@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -65,6 +66,23 @@ py::dict SpecDict(const TaskSpec& s) {
   d["info_names"] = s.info_names;
   d["reset_info_size"] = s.reset_info_size;
   return d;
+}
+
+template <typename T>
+py::array_t<T> ToArray(const std::vector<T>& values) {
+  py::array_t<T> out(static_cast<py::ssize_t>(values.size()));
+  std::copy(values.begin(), values.end(), out.mutable_data());
+  return out;
+}
+
+template <typename T>
+std::vector<T> FromArray(const py::dict& state, const char* key) {
+  if (!state.contains(key)) {
+    throw std::invalid_argument(std::string("state: missing '") + key + "'");
+  }
+  auto arr = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(state[key]);
+  if (!arr) throw std::invalid_argument(std::string("state['") + key + "']: expected an array");
+  return std::vector<T>(arr.data(), arr.data() + arr.size());
 }
 
 }  // namespace
@@ -144,6 +162,27 @@ void BindTasks(py::module_& mod) {
           py::arg("final_critic"), py::arg("episode_return"), py::arg("episode_length"),
           py::arg("info") = py::none(), py::arg("status") = py::none(),
           py::arg("float32_actions") = false)
+      .def("get_state",
+           [](const TaskEnv& env) {
+             const EpisodeState state = env.GetState();
+             py::dict out;
+             out["rng"] = ToArray(state.rng);
+             out["memory"] = ToArray(state.memory);
+             out["returns"] = ToArray(state.returns);
+             out["lengths"] = ToArray(state.lengths);
+             out["pending"] = ToArray(state.pending);
+             return out;
+           })
+      .def(
+          "set_state",
+          [](TaskEnv& env, const py::dict& state) {
+            env.SetState(EpisodeState{FromArray<std::uint64_t>(state, "rng"),
+                                      FromArray<mjtNum>(state, "memory"),
+                                      FromArray<mjtNum>(state, "returns"),
+                                      FromArray<std::int32_t>(state, "lengths"),
+                                      FromArray<std::uint8_t>(state, "pending")});
+          },
+          py::arg("state"))
       .def("memory",
            [](py::object self) {
              auto& env = self.cast<TaskEnv&>();

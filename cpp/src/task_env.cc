@@ -1,7 +1,9 @@
 #include "omnilab/task_env.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "omnilab/kernels.h"
 
@@ -30,6 +32,37 @@ void TaskEnv::Seed(const int* ids, int nid, std::uint64_t seed) {
     const int env = ids ? ids[i] : i;
     rng_[env] = Rng::ForEnv(seed, env);
   }
+}
+
+EpisodeState TaskEnv::GetState() const {
+  EpisodeState state{{}, memory_, return_, length_, pending_};
+  state.rng.reserve(rng_.size());
+  for (const Rng& rng : rng_) state.rng.push_back(rng.state);
+  return state;
+}
+
+namespace {
+void CheckRows(const char* name, size_t got, size_t want) {
+  if (got != want) {
+    throw std::invalid_argument(std::string("state['") + name + "']: expected " +
+                                std::to_string(want) + " values, got " + std::to_string(got));
+  }
+}
+}  // namespace
+
+void TaskEnv::SetState(const EpisodeState& state) {
+  const size_t n = num_envs();
+  CheckRows("rng", state.rng.size(), n);
+  CheckRows("memory", state.memory.size(), memory_.size());
+  CheckRows("returns", state.returns.size(), n);
+  CheckRows("lengths", state.lengths.size(), n);
+  CheckRows("pending", state.pending.size(), n);
+  for (size_t i = 0; i < n; ++i) rng_[i].state = state.rng[i];
+  // copies into the existing buffers: Python holds views of memory_ and length_
+  std::copy(state.memory.begin(), state.memory.end(), memory_.begin());
+  std::copy(state.returns.begin(), state.returns.end(), return_.begin());
+  std::copy(state.lengths.begin(), state.lengths.end(), length_.begin());
+  std::copy(state.pending.begin(), state.pending.end(), pending_.begin());
 }
 
 void TaskEnv::ObserveInto(const mjModel* m, const mjData* d, int env, mjtNum* obs,

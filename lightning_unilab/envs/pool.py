@@ -175,6 +175,16 @@ def _stage(stage: str | int, argument: str = "stage") -> int:
     )
 
 
+def _state_array(state: Mapping[str, Any], key: str, shape: tuple[int, ...],
+                 dtype: type) -> np.ndarray:
+    """state[key] as an array of exactly this shape and dtype, else ValueError naming it."""
+    arr = np.asarray(state.get(key))
+    if arr.shape != shape or arr.dtype != np.dtype(dtype):
+        raise ValueError(f"state[{key!r}]: expected {np.dtype(dtype)}{list(shape)}, got "
+                         f"{arr.dtype}{list(arr.shape)}")
+    return arr
+
+
 class BatchEnvPool:
     """num_envs environments of a copy of model, on num_threads threads.
 
@@ -389,6 +399,57 @@ class BatchEnvPool:
     def unstable(self) -> np.ndarray:
         """Ids of the envs flagged in status since their last reset."""
         return np.flatnonzero(self._status)
+
+    def get_state(self) -> dict[str, Any]:
+        """Copies of everything that makes the envs step as they will: the state rows
+        (mjSTATE_INTEGRATION: warm starts included), the status bits and the raw bytes of every
+        model field that has per-env values (randomized fields and the constants mj_setConst
+        derived from them). Plain numpy arrays; :meth:`set_state` restores them."""
+        fields = {}
+        for name in sorted(mjbatch.MODEL_FIELDS):
+            raw = self.core.expand(name, False)
+            if raw is not None:
+                fields[name] = raw.copy()
+        return {"state": self.state.copy(), "status": self.status.copy(),
+                "model_fields": fields}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`get_state`'s copies (of a pool of the same model and num_envs); a
+        field with per-env values here that the state has not gets the model's values back.
+        Everything is checked before anything is written: ValueError naming the entry."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state: expected the mapping of get_state(), got "
+                            f"{type(state).__name__}")
+        rows = _state_array(state, "state", (self.num_envs, self.state_size), np.float64)
+        status = _state_array(state, "status", (self.num_envs,), np.uint32)
+        fields = state.get("model_fields")
+        if not isinstance(fields, Mapping):
+            raise ValueError("state['model_fields']: expected a mapping {field: bytes per env}")
+        writes = {}
+        for name, values in fields.items():
+            if name not in mjbatch.MODEL_FIELDS:
+                raise ValueError(f"state['model_fields']: {name!r} is not a per-env model field")
+            raw = self.core.expand(name, False)
+            width = raw.shape[1] if raw is not None else None
+            arr = np.asarray(values)
+            if arr.dtype != np.uint8 or arr.ndim != 2 or arr.shape[0] != self.num_envs or (
+                    width is not None and arr.shape[1] != width):
+                raise ValueError(f"state['model_fields'][{name!r}]: expected uint8 bytes of "
+                                 f"shape ({self.num_envs}, {width or 'field bytes'}), got "
+                                 f"{arr.dtype}{list(arr.shape)}")
+            writes[name] = arr
+        for name in sorted(mjbatch.MODEL_FIELDS - set(writes)):  # back to the shared values
+            raw = self.core.expand(name, False)
+            if raw is not None:
+                raw[:] = self.core.model_bytes(name)[: raw.shape[1]]
+        for name, arr in writes.items():
+            raw = self.core.expand(name, True)
+            if raw.shape != arr.shape:
+                raise ValueError(f"state['model_fields'][{name!r}]: expected {raw.shape[1]} "
+                                 f"bytes per env, got {arr.shape[1]}")
+            raw[:] = arr
+        self._state[:] = rows
+        self.core.status()[:] = status
 
     def close(self) -> None:
         """Release the pool; views already handed out keep their memory until dropped. Later

@@ -40,6 +40,7 @@ stepped, keeps its state, gets STATUS_BAD_ACTION in ``pool.status`` and its epis
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -370,6 +371,67 @@ class TaskVectorEnv:
             return out.obs, out.reward, out.terminated, out.truncated, info
         return (out.obs.copy(), out.reward.copy(), out.terminated.copy(), out.truncated.copy(),
                 info)
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything the next steps depend on, as plain data (numpy arrays, ints, str): the
+        pool's state (physics rows with warm starts, status, per-env model fields), each env's
+        start-state stream, task memory, running return and length, pending restarts, and the
+        randomization's generator. A fresh env of the same task, num_envs and autoreset given
+        it by :meth:`set_state` steps on bit for bit as this one would (any num_threads)."""
+        self._check_open()
+        if self._core is not None:
+            episodes = self._core.get_state()
+        else:
+            episodes = {"rng": self._rng.state.copy(), "memory": self._memory.ravel().copy(),
+                        "returns": self._return.copy(), "lengths": self._length.copy(),
+                        "pending": self._pending.astype(np.uint8)}
+        return {"task": self.name, "num_envs": self.num_envs, "autoreset": self.autoreset,
+                "pool": self.pool.get_state(), "episodes": episodes,
+                "randomization_rng": json.dumps(self._np_rng.bit_generator.state)}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`get_state` of an env of the same task, num_envs and autoreset.
+        Everything is checked first: ValueError naming the entry that does not fit."""
+        self._check_open()
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state: expected the mapping of get_state(), got "
+                            f"{type(state).__name__}")
+        for key, want in (("task", self.name), ("num_envs", self.num_envs),
+                          ("autoreset", self.autoreset)):
+            if state.get(key) != want:
+                raise ValueError(f"state[{key!r}]: saved from an env with {key} "
+                                 f"{state.get(key)!r}, this one has {want!r}")
+        episodes = state.get("episodes")
+        if not isinstance(episodes, Mapping):
+            raise ValueError("state['episodes']: expected a mapping of per-env arrays")
+        n = self.num_envs
+        want = {"rng": ((n,), np.uint64), "memory": ((n * self.spec.memory_size,), np.float64),
+                "returns": ((n,), np.float64), "lengths": ((n,), np.int32),
+                "pending": ((n,), np.uint8)}
+        clean = {}
+        for key, (shape, dtype) in want.items():
+            arr = np.asarray(episodes.get(key))
+            if arr.shape != shape or arr.dtype != dtype:
+                raise ValueError(f"state['episodes'][{key!r}]: expected {np.dtype(dtype)}"
+                                 f"{list(shape)}, got {arr.dtype}{list(arr.shape)}")
+            clean[key] = np.ascontiguousarray(arr)
+        generator = np.random.default_rng()
+        try:
+            generator.bit_generator.state = json.loads(state.get("randomization_rng"))
+        except (TypeError, ValueError, KeyError) as err:
+            raise ValueError(f"state['randomization_rng']: not a generator state ({err})") from None
+        if not isinstance(state.get("pool"), Mapping):
+            raise ValueError("state['pool']: expected the mapping of BatchEnvPool.get_state()")
+        self.pool.set_state(state["pool"])  # checks all of its entries before writing
+        if self._core is not None:
+            self._core.set_state(clean)
+        else:
+            self._rng.state[:] = clean["rng"]
+            self._memory[:] = clean["memory"].reshape(self._memory.shape)
+            self._return[:] = clean["returns"]
+            self._length[:] = clean["lengths"]
+            self._pending[:] = clean["pending"].astype(bool)
+        self._np_rng = generator
 
     @property
     def closed(self) -> bool:

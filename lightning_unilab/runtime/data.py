@@ -50,6 +50,7 @@ from lightning_omnilab.validate import one_of
 from lightning_unilab.envs.randomization import Randomization, randomization_config
 from lightning_unilab.envs.tasks.base import NumpyTask
 from lightning_unilab.envs.tasks.ref import task_config
+from lightning_unilab.runtime.checkpoint_arrays import pack, unpack
 from lightning_unilab.runtime.collector import MODES, Collector, CollectorConfig, available_cpus
 from lightning_unilab.runtime.device_copy import PinnedRegion, copy_to_device
 from lightning_unilab.runtime.inline import InlineCollector
@@ -276,6 +277,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self._pinned: PinnedRegion | None = None
         self._fetched: int | None = None  # the slot the latest batch views (zero copy)
         self._device_copies: dict[int, Any] = {}  # slot -> CUDA event of its copy
+        self._collection: dict[str, Any] | None = None  # a checkpoint's, until the next start
 
     # ------------------------------------------------------------------ sizes
 
@@ -328,6 +330,7 @@ class RolloutDataModule(pl.LightningDataModule):
                                        spec=self.rollout_spec, version=self.policy_version)
         try:
             self.collector.start(self.start_timeout)
+            self._continue_collection(self.collector)
         except BaseException:
             self.stop_collector()
             raise
@@ -398,14 +401,37 @@ class RolloutDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------------ checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        return {"counters": dict(self.counters), "policy_version": self.policy_version,
-                "slots_read": self.slots_read, "slots_dropped": self.slots_dropped}
+        """Counters and the weights version; collecting inline (sync, CPU learner), also the
+        collection's whole state (:meth:`InlineCollector.get_state`: envs, running
+        observations, action stream), so that a resumed run collects what the uninterrupted
+        run would have. A collector process's envs are not saved: they start afresh."""
+        state = {"counters": dict(self.counters), "policy_version": self.policy_version,
+                 "slots_read": self.slots_read, "slots_dropped": self.slots_dropped}
+        if isinstance(self.collector, InlineCollector) and self.collector.running:
+            state["collection"] = pack(self.collector.get_state())
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.counters = dict(state_dict.get("counters", {}))
         self.policy_version = int(state_dict.get("policy_version", 0))
         self.slots_read = int(state_dict.get("slots_read", 0))
         self.slots_dropped = int(state_dict.get("slots_dropped", 0))
+        collection = state_dict.get("collection")
+        self._collection = unpack(collection) if collection is not None else None
+
+    def _continue_collection(self, collector: Collector | InlineCollector) -> None:
+        """Give a started collector the checkpoint's collection state, where it can take it."""
+        saved, self._collection = self._collection, None
+        if saved is None:
+            return
+        if not isinstance(collector, InlineCollector):
+            log.info("resuming: the collector process starts fresh episodes (only a sync run "
+                     "collecting in the learner's process continues its envs exactly)")
+        elif saved.get("seed") != collector.config.seed:  # another rank's envs, under DDP
+            log.info("resuming: this rank's envs (seed %d) start fresh episodes; the checkpoint "
+                     "holds those of seed %s", collector.config.seed, saved.get("seed"))
+        else:
+            collector.set_state(saved)
 
     # ------------------------------------------------------------------ the stream
 

@@ -127,6 +127,40 @@ class InlineCollector:
             self._state.policy_version = self.version
         return self.version
 
+    def get_state(self) -> dict[str, Any]:
+        """What the next rollouts depend on besides the weights: the env's full state
+        (:meth:`TaskVectorEnv.get_state`), the rollout's running observations and counters,
+        the action-sampling stream and the slot to write next; plain data (numpy arrays, a
+        uint8 tensor, ints, str). A checkpoint of a sync run keeps it, so that a resumed run
+        collects the rollouts the uninterrupted run would have."""
+        if self._env is None or self._state is None:
+            raise RuntimeError("InlineCollector: not started (or stopped)")
+        return {"seed": self.config.seed, "env": self._env.get_state(),
+                "rollout": self._state.get_state(), "action_rng": self._rng.clone(),
+                "next_slot": self._next_slot}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`get_state` (after :meth:`start`, which built the env). ValueError
+        naming the entry where the state is of another task, env count or seed."""
+        if self._env is None or self._state is None:
+            raise RuntimeError("InlineCollector: start() it before set_state")
+        if state.get("seed") != self.config.seed:
+            raise ValueError(f"state['seed']: saved by a collector seeded {state.get('seed')!r}, "
+                             f"this one is seeded {self.config.seed}")
+        rng = state.get("action_rng")
+        if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8 or (
+                rng.shape != self._rng.shape):
+            raise ValueError("state['action_rng']: expected the uint8 state of a CPU "
+                             "torch.Generator")
+        if state.get("next_slot") not in (0, 1):
+            raise ValueError(f"state['next_slot']: expected 0 or 1, got "
+                             f"{state.get('next_slot')!r}")
+        self._env.set_state(state.get("env"))
+        self._state.set_state(state.get("rollout"))
+        self._state.policy_version = self.version
+        self._rng = rng.clone()
+        self._next_slot = int(state["next_slot"])
+
     def stop(self, timeout: float = 5.0) -> None:  # noqa: ARG002 - the process's signature
         """Close the env; idempotent."""
         env, self._env = self._env, None

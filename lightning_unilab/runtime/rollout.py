@@ -218,6 +218,36 @@ class RolloutState:
         for key in ("recent_return_mean", "recent_length_mean"):
             setattr(self, key, float(counters[key]))
 
+    def get_state(self) -> dict[str, Any]:
+        """Counters and copies of the env's output rows (the running observations, and the
+        final-observation rows :func:`collect` copies whole into every batch)."""
+        buffers = {name: arr.copy() for name, arr in vars(self.buffers).items()
+                   if isinstance(arr, np.ndarray)}
+        return {"buffers": buffers, "policy_version": self.policy_version, **self.counters()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`get_state` of a rollout of the same env; ValueError naming the
+        buffer that does not fit."""
+        if not isinstance(state, dict):
+            raise ValueError(f"state: expected the dict of get_state(), got "
+                             f"{type(state).__name__}")
+        saved = state.get("buffers")
+        if not isinstance(saved, dict):
+            raise ValueError("state['buffers']: expected {name: array} of the env's outputs")
+        mine = {name: arr for name, arr in vars(self.buffers).items()
+                if isinstance(arr, np.ndarray)}
+        if set(saved) != set(mine):
+            raise ValueError(f"state['buffers']: holds {sorted(saved)}, expected {sorted(mine)}")
+        for name, arr in mine.items():
+            value = np.asarray(saved[name])
+            if value.shape != arr.shape or value.dtype != arr.dtype:
+                raise ValueError(f"state['buffers'][{name!r}]: expected {arr.dtype}"
+                                 f"{list(arr.shape)}, got {value.dtype}{list(value.shape)}")
+        for name, arr in mine.items():
+            arr[...] = saved[name]
+        self.load_counters(state)
+        self.policy_version = int(state["policy_version"])
+
 
 def _check_arrays(env: TaskVectorEnv, arrays: dict[str, np.ndarray]) -> int:
     horizon = arrays["rewards"].shape[0] if "rewards" in arrays else 0

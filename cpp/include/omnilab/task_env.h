@@ -33,6 +33,16 @@ struct StepBuffers {
                                      // step, before a same-step auto-reset clears them
 };
 
+// Per-env episode bookkeeping of a TaskEnv, num_envs rows each: with the pool's state rows,
+// status and model fields, what a checkpoint needs for the env to continue bit for bit.
+struct EpisodeState {
+  std::vector<std::uint64_t> rng;  // splitmix64 counters
+  std::vector<mjtNum> memory;      // (N, memory_size)
+  std::vector<mjtNum> returns;     // of the running episodes
+  std::vector<std::int32_t> lengths;
+  std::vector<std::uint8_t> pending;  // next-step mode: restarts at the next step
+};
+
 enum class Autoreset {
   kSameStep,  // gymnasium's SAME_STEP: a finished env restarts in the step that ended it
   kNextStep,  // gymnasium's NEXT_STEP: it restarts in the next step, which ignores its action
@@ -55,6 +65,10 @@ class TaskEnv {
   void Reset(const int* ids, int nid, const mjtNum* states, const StepBuffers& out);
   // One env step of every env; actions (N, action_size).
   void Step(const mjtNum* actions, const StepBuffers& out, bool float32_actions = false);
+
+  EpisodeState GetState() const;
+  // Throws std::invalid_argument naming the field whose size is not num_envs rows.
+  void SetState(const EpisodeState& state);
 
   // Per-env task memory (N, memory_size), e.g. commands; writable between calls.
   mjtNum* memory() { return memory_.data(); }
