@@ -49,8 +49,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                         weights_only: bool | None = None) -> dict[str, Any]:
         if _is_local_file_protocol(path) and os.path.isfile(path):
             safe_load.check_digest(path)
-        return super().load_checkpoint(path, map_location=map_location,
-                                       weights_only=weights_only)
+        # the project's own plain types (a recipe's randomization in the data module's
+        # hyperparameters) load weights-only, as through safe_load.load
+        with safe_load.project_types():
+            return super().load_checkpoint(path, map_location=map_location,
+                                           weights_only=weights_only)
 
     def remove_checkpoint(self, path: Any) -> None:
         super().remove_checkpoint(path)

@@ -1,7 +1,10 @@
 """A small sync APPO run as the recipes make it, for tests/unilab/test_resume_after_kill.py.
 
 ``fit(root, updates, ...)`` trains ``updates`` updates (of 4 optimizer steps) of
-InvertedPendulum-v5, collected in the learner's process, and returns each update's losses.
+g1-walk-flat as its recipe does (G1Randomization: per-env model fields drawn at every restart;
+contacts solved in 3 iterations, so warm starts matter; falls, so episodes restart), collected
+in the learner's process, and returns the module.
+
 Run as a script (``python resume_run.py ROOT K``) it saves a checkpoint after every update
 (``ROOT/last.ckpt``, written atomically as unilab-train writes them), appends each update's
 losses to ``ROOT/losses.jsonl`` and SIGKILLs itself once update K is saved, when update K+1
@@ -21,6 +24,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_omnilab.checkpoint_io import AtomicCheckpointIO
+from lightning_unilab.envs.randomization import G1Randomization
 from lightning_unilab.learner.appo import APPOModule
 from lightning_unilab.runtime.data import RolloutDataModule
 
@@ -56,7 +60,8 @@ def fit(root: Path, updates: int, callbacks: list[pl.Callback], ckpt_path: str |
         save_every_update: bool = False) -> APPOModule:
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
-    dm = RolloutDataModule("InvertedPendulum-v5", num_envs=8, horizon=16, mode="sync", seed=3)
+    dm = RolloutDataModule("g1-walk-flat", num_envs=8, horizon=8, mode="sync", seed=3,
+                           randomization=G1Randomization())
     module = APPOModule(actor_hidden=(16,), critic_hidden=(16,), epochs=2, minibatches=2)
     if save_every_update:
         callbacks = [*callbacks, ModelCheckpoint(dirpath=root, save_last=True, save_top_k=0,

@@ -25,6 +25,7 @@ from lightning_unilab.runtime.checkpoint_arrays import pack, unpack
 UPDATES, KILLED_AFTER = 4, 2
 
 
+@pytest.mark.filterwarnings("ignore:Using ModelCheckpoint with manual optimization")
 def test_a_killed_sync_run_resumes_with_the_uninterrupted_runs_losses(tmp_path):
     killed = tmp_path / "killed"
     killed.mkdir()
@@ -66,25 +67,27 @@ def _run(env: TaskVectorEnv, steps: int, seed: int) -> list[np.ndarray]:
 
 
 def _env(task, threads: int, seed: int) -> TaskVectorEnv:
-    env = TaskVectorEnv(task, num_envs=3, num_threads=threads, randomization=G1Randomization(),
+    env = TaskVectorEnv(task, num_envs=4, num_threads=threads, randomization=G1Randomization(),
                         seed=seed)
     env.reset(seed=seed)
     return env
 
 
-@pytest.mark.parametrize("task", ["g1-walk-flat", "numpy-twin", "InvertedPendulum-v5"])
+@pytest.mark.parametrize("task", ["g1-walk-flat", "numpy-twin", "Hopper-v5"])
 def test_env_state_round_trips_through_a_checkpoint(task, tmp_path):
     def make(threads, seed):
-        if task == "InvertedPendulum-v5":
-            env = TaskVectorEnv(task, num_envs=3, num_threads=threads, seed=seed)
+        if task == "Hopper-v5":
+            env = TaskVectorEnv(task, num_envs=4, num_threads=threads, seed=seed)
             env.reset(seed=seed)
             return env
         return _env(G1WalkFlat() if task == "numpy-twin" else task, threads, seed)
 
     a = make(1, 0)
     limit = a.spec.max_episode_steps
-    a.episode_steps[:] = [limit - 3, limit - 6, 0]  # time limits, restarts, new draws soon
-    _run(a, 5, seed=1)
+    # env 0 restarts before the save, env 1 after it (new start state and model draws), the
+    # others step on in contact: their warm starts matter
+    a.episode_steps[:] = [limit - 3, limit - 23, 0, 0]
+    _run(a, 20, seed=1)
     path = tmp_path / "env.ckpt"
     safe_load.save({"env": pack(a.get_state())}, path)
     expected = _run(a, 8, seed=2)
