@@ -232,15 +232,16 @@ class APPOModule(pl.LightningModule):
         self._target: list[ActorCritic] = []
         # minibatch order: a stream of its own, saved in checkpoints, so that a resumed run
         # shuffles as the uninterrupted one (the global stream is advanced by anything);
-        # seeded in setup from the global seed (seed_everything)
-        self._shuffle = torch.Generator()
+        # seeded in setup from the global seed (seed_everything). Made there, not here: a
+        # Generator does not survive ddp_spawn's pickling of the module
+        self._shuffle: torch.Generator | None = None
         self.return_mean = RunningMean(window=10, sync_on_compute=False)
         self.length_mean = RunningMean(window=10, sync_on_compute=False)
 
     # ------------------------------------------------------------------ setup
 
     def setup(self, stage: str) -> None:
-        self._shuffle.manual_seed(torch.initial_seed())
+        self._shuffle = torch.Generator().manual_seed(torch.initial_seed())
         sizes = self._task_sizes()
         if self.policy is None:
             if sizes is None:
@@ -447,7 +448,7 @@ class APPOModule(pl.LightningModule):
         actor_steps = 0
         history: list[Tensor] = []
         for _ in range(hp.epochs):
-            perm = torch.randperm(size, generator=self._shuffle).to(slot.obs.device)
+            perm = torch.randperm(size, generator=self._shuffler()).to(slot.obs.device)
             for i in range(hp.minibatches):
                 terms = self.loss_terms(slot, perm[i * mb:(i + 1) * mb])
                 if guard is not None and overshoot is None and before is not None:
@@ -514,6 +515,12 @@ class APPOModule(pl.LightningModule):
         self._optimizer().param_groups[0]["lr"] = lr  # the actor's group
 
     # ------------------------------------------------------------------ helpers
+
+    def _shuffler(self) -> torch.Generator:
+        """The minibatch stream (seeded from the global seed where setup() did not run)."""
+        if self._shuffle is None:
+            self._shuffle = torch.Generator().manual_seed(torch.initial_seed())
+        return self._shuffle
 
     @property
     def _policy(self) -> ActorCritic:
@@ -625,7 +632,7 @@ class APPOModule(pl.LightningModule):
             "skipped_slots": self.skipped_slots,
             "sizes": (policy.obs_size, policy.critic_size, policy.action_size),
             "target": self._target[0].state_dict() if self._target else None,
-            "shuffle_rng": self._shuffle.get_state(),
+            "shuffle_rng": self._shuffler().get_state(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -633,7 +640,7 @@ class APPOModule(pl.LightningModule):
         self.policy_version = int(state.get("policy_version", 0))
         self.skipped_slots = int(state.get("skipped_slots", 0))
         if state.get("shuffle_rng") is not None:  # older checkpoints: the seeded stream
-            self._shuffle.set_state(state["shuffle_rng"])
+            self._shuffler().set_state(state["shuffle_rng"])
         if self.policy is None and "sizes" in state:  # load_from_checkpoint: no setup() ran
             self.policy = self._build_policy(tuple(state["sizes"]))
         if state.get("target") is not None and self.policy is not None:
