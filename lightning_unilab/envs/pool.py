@@ -402,16 +402,18 @@ class BatchEnvPool:
 
     def get_state(self) -> dict[str, Any]:
         """Copies of everything that makes the envs step as they will: the state rows
-        (mjSTATE_INTEGRATION: warm starts included), the status bits and the raw bytes of every
+        (mjSTATE_INTEGRATION: warm starts included), the status bits, the raw bytes of every
         model field that has per-env values (randomized fields and the constants mj_setConst
-        derived from them). Plain numpy arrays; :meth:`set_state` restores them."""
+        derived from them) and the outputs (a numpy task may read them before its next step).
+        Plain numpy arrays; :meth:`set_state` restores them."""
         fields = {}
         for name in sorted(mjbatch.MODEL_FIELDS):
             raw = self.core.expand(name, False)
             if raw is not None:
                 fields[name] = raw.copy()
         return {"state": self.state.copy(), "status": self.status.copy(),
-                "model_fields": fields}
+                "model_fields": fields,
+                "outputs": {name: view.copy() for name, view in self.outputs.items()}}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`get_state`'s copies (of a pool of the same model and num_envs); a
@@ -422,6 +424,12 @@ class BatchEnvPool:
                             f"{type(state).__name__}")
         rows = _state_array(state, "state", (self.num_envs, self.state_size), np.float64)
         status = _state_array(state, "status", (self.num_envs,), np.uint32)
+        outputs = state.get("outputs")
+        if not isinstance(outputs, Mapping) or set(outputs) != set(self.outputs):
+            raise ValueError(f"state['outputs']: expected the outputs {sorted(self.outputs)}, "
+                             f"got {sorted(outputs) if isinstance(outputs, Mapping) else outputs}")
+        for name, view in self.outputs.items():
+            _state_array(outputs, name, view.shape, np.float64)
         fields = state.get("model_fields")
         if not isinstance(fields, Mapping):
             raise ValueError("state['model_fields']: expected a mapping {field: bytes per env}")
@@ -450,6 +458,8 @@ class BatchEnvPool:
             raw[:] = arr
         self._state[:] = rows
         self.core.status()[:] = status
+        for name, view in self.core.outputs().items():
+            view[:] = outputs[name]
 
     def close(self) -> None:
         """Release the pool; views already handed out keep their memory until dropped. Later

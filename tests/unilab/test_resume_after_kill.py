@@ -17,6 +17,7 @@ import torch
 from resume_run import Losses, fit
 
 from lightning_omnilab import safe_load
+from lightning_unilab.envs.pool import BatchEnvPool
 from lightning_unilab.envs.randomization import G1Randomization
 from lightning_unilab.envs.tasks.g1_walk import G1WalkFlat
 from lightning_unilab.envs.vector_env import TaskVectorEnv
@@ -113,3 +114,21 @@ def test_set_state_refuses_another_envs_state_naming_the_entry():
     bad = {**state, "pool": {**state["pool"], "state": state["pool"]["state"][:, :2]}}
     with pytest.raises(ValueError, match=r"state\['state'\]"):
         env.set_state(bad)
+
+
+def test_pool_state_holds_outputs_and_randomized_fields(arm_model):
+    """What a numpy task may read before its next step (outputs) and per-env model values come
+    back too; a field randomized only in the fresh pool goes back to the model's value."""
+    a = BatchEnvPool(arm_model, 3, 1, outputs={"sensordata": None}, stage="none")
+    a.reset(randomization={"body_mass": np.linspace(1, 2, 3)[:, None] + np.ones(arm_model.nbody)})
+    a.step(nstep=3)
+    state = a.get_state()
+    b = BatchEnvPool(arm_model, 3, 2, outputs={"sensordata": None}, stage="none")
+    b.reset(randomization={"dof_damping": np.full((3, arm_model.nv), 0.5)})
+    b.set_state(state)
+    assert np.array_equal(b.outputs["sensordata"], a.outputs["sensordata"])
+    assert np.array_equal(b.model_field("body_mass"), a.model_field("body_mass"))
+    assert np.array_equal(b.model_field("dof_damping"), a.model_field("dof_damping"))
+    a.step(nstep=5)
+    b.step(nstep=5)
+    assert np.array_equal(b.state, a.state)
