@@ -36,6 +36,12 @@ Bad actions: ``nonfinite="raise"`` (default) raises ValueError naming the envs, 
 steps. ``nonfinite="truncate"`` skips the check: an env with NaN or inf in its action is not
 stepped, keeps its state, gets STATUS_BAD_ACTION in ``pool.status`` and its episode is truncated
 (then auto-reset); the others step normally (C++ tasks only).
+
+State: ``get_state()`` returns everything the next steps depend on as plain data (physics rows
+with warm starts, per-env model fields, streams, episode bookkeeping, the randomization's
+generator); ``set_state`` on a fresh env of the same task and num_envs continues bit for bit,
+at any thread count (a checkpoint of a sync run keeps it: docs/unilab/runtime.md). A
+NumpyTask's own attributes are not in it: such a task keeps per-env values in ``memory``.
 """
 
 from __future__ import annotations
