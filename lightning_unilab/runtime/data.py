@@ -46,7 +46,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_omnilab import quiet
-from lightning_omnilab.validate import one_of
+from lightning_omnilab.validate import one_of, positive_number
 from lightning_unilab.envs.randomization import Randomization, randomization_config
 from lightning_unilab.envs.tasks.base import NumpyTask
 from lightning_unilab.envs.tasks.ref import task_config
@@ -207,6 +207,10 @@ class RolloutDataModule(pl.LightningDataModule):
             ``slots_dropped``): slots that went stale while the learner updated are never
             trained on, and the collector never waits. False: every slot, oldest first.
         start_timeout: seconds the collector may take to build its env.
+        rollout_timeout: seconds the learner waits for one rollout before it raises
+            ``CollectorError`` naming the collector and its process state: a collector that
+            is alive but silent (stopped, stuck) ends the run instead of hanging it. None: wait
+            as long as the collector lives (a dead one is reported within 50 ms either way).
         inline: sync mode collects in the learner's own process, when it asks for a batch
             (:mod:`lightning_unilab.runtime.inline`: the same rollouts, without a process to
             start or a hand-off per rollout). None: inline for a sync run with a CPU learner;
@@ -227,6 +231,7 @@ class RolloutDataModule(pl.LightningDataModule):
         seed: int = 0,
         zero_copy: bool = True,
         start_timeout: float = 300.0,
+        rollout_timeout: float | None = 300.0,
         read_newest: bool = False,
         pin_ring: bool = True,
         inline: bool | None = None,
@@ -260,6 +265,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.read_newest = bool(read_newest)
         self.slots_dropped = 0
         self.start_timeout = start_timeout
+        self.rollout_timeout = positive_number("rollout_timeout", rollout_timeout, none_ok=True)
         self._spec: RolloutSpec | None = None
         self.collector: Collector | InlineCollector | None = None
         self.counters: dict[str, Any] = {}  # of the latest slot read (checkpointed)
@@ -421,8 +427,10 @@ class RolloutDataModule(pl.LightningDataModule):
             raise RuntimeError("RolloutDataModule: the collector is not running")
         while len(held) > hold:
             self._release(collector, held.popleft())
-        slot, wait_s = collector.acquire()
+        slot, wait_s = collector.acquire(timeout=self.rollout_timeout)
         if slot is None:
+            if isinstance(collector, Collector) and not collector.ring.closed:
+                raise collector.silent_error(wait_s)
             raise RuntimeError("RolloutDataModule: the collector was stopped")
         while self.read_newest:  # a newer one is ready: this one went stale meanwhile
             newer, _ = collector.acquire(timeout=0.0)
