@@ -67,6 +67,7 @@ def _fit_until_it_fails(sig: signal.Signals, rollout_timeout: float, tmp_path):
     assert dm.collector is None
     assert hook.pid is not None and _gone(hook.pid), "the collector process is still there"
     assert not _shm(), "shared memory left behind"
+    print(f"{sig.name}: CollectorError {seconds:.1f} s later: {err.value}")
     return str(err.value), seconds
 
 
