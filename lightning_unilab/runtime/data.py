@@ -46,7 +46,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_omnilab import quiet
-from lightning_omnilab.validate import one_of, positive_number
+from lightning_omnilab.validate import boolean, one_of, positive_number
 from lightning_unilab.envs.randomization import Randomization, randomization_config
 from lightning_unilab.envs.tasks.base import NumpyTask
 from lightning_unilab.envs.tasks.ref import task_config
@@ -261,10 +261,10 @@ class RolloutDataModule(pl.LightningDataModule):
         self.config.check()
         check_num_slots(num_slots)
         self.num_slots, self.writer_policy = num_slots, writer_policy
-        self.zero_copy = zero_copy
-        self.read_newest = bool(read_newest)
+        self.zero_copy = boolean("zero_copy", zero_copy)
+        self.read_newest = boolean("read_newest", read_newest)
         self.slots_dropped = 0
-        self.start_timeout = start_timeout
+        self.start_timeout = positive_number("start_timeout", start_timeout)
         self.rollout_timeout = positive_number("rollout_timeout", rollout_timeout, none_ok=True)
         self._spec: RolloutSpec | None = None
         self.collector: Collector | InlineCollector | None = None
@@ -272,7 +272,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.policy_version = 0
         self.slots_read = 0
         self.ring_copy_s = 0.0  # time spent turning slots into tensors (copies, if any)
-        self.pin_ring = bool(pin_ring)
+        self.pin_ring = boolean("pin_ring", pin_ring)
         if inline is not None and not isinstance(inline, bool):
             raise TypeError(f"inline: expected True, False or None, got {inline!r}")
         if inline and self.requested_mode == "async":
