@@ -207,14 +207,14 @@ class RolloutDataModule(pl.LightningDataModule):
             ``slots_dropped``): slots that went stale while the learner updated are never
             trained on, and the collector never waits. False: every slot, oldest first.
         start_timeout: seconds the collector may take to build its env.
-        rollout_timeout: seconds the learner waits for one rollout before it raises
-            ``CollectorError`` naming the collector and its process state: a collector that
-            is alive but silent (stopped, stuck) ends the run instead of hanging it. None: wait
-            as long as the collector lives (a dead one is reported within 50 ms either way).
         inline: sync mode collects in the learner's own process, when it asks for a batch
             (:mod:`lightning_unilab.runtime.inline`: the same rollouts, without a process to
             start or a hand-off per rollout). None: inline for a sync run with a CPU learner;
             False: always a collector process.
+        rollout_timeout: seconds the learner waits for one rollout before it raises
+            ``CollectorError`` naming the collector and its process state: a collector that
+            is alive but silent (stopped, stuck) ends the run instead of hanging it. None: wait
+            as long as the collector lives (a dead one is reported within 50 ms either way).
     """
 
     def __init__(
@@ -231,10 +231,10 @@ class RolloutDataModule(pl.LightningDataModule):
         seed: int = 0,
         zero_copy: bool = True,
         start_timeout: float = 300.0,
-        rollout_timeout: float | None = 300.0,
         read_newest: bool = False,
         pin_ring: bool = True,
         inline: bool | None = None,
+        rollout_timeout: float | None = 300.0,
     ) -> None:
         super().__init__()
         # loggers and checkpoints get plain data (weights-only loading reads it back): a task
