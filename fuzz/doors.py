@@ -126,6 +126,201 @@ def knock_make(_: Any, data: Any) -> None:
         env.close()
 
 
+# -- the gymnasium adapter ---------------------------------------------------------------------
+def knock_gym(_: Any, data: Any) -> None:
+    from lightning_unilab.envs.gym import PoolVectorEnv
+
+    kwargs: dict[str, Any] = {}
+    for name, valid, wild in (
+            ("autoreset", st.sampled_from(["next_step", "same_step", "disabled"]),
+             st.sampled_from(["NEXT_STEP", "later", 1, None])),
+            ("max_episode_steps", st.integers(1, 50), st.integers(-3, 0)),
+            ("copy", st.booleans(), WILD_SCALARS),
+            ("record_episode_statistics", st.booleans(), WILD_SCALARS),
+            ("render_envs", st.lists(st.integers(0, 2), min_size=1, max_size=2, unique=True),
+             st.lists(st.integers(-4, 6), max_size=3)),
+            ("render_size", st.tuples(st.integers(1, 64), st.integers(1, 64)),
+             st.tuples(st.integers(-2, 0), WILD_SCALARS))):
+        if data.draw(st.booleans()):
+            kwargs[name] = mostly(data, valid, wild)
+    num_envs = mostly(data, st.integers(1, 3), st.integers(-2, 0))
+    env = PoolVectorEnv("InvertedPendulum-v5", num_envs, 1, **kwargs)
+    try:
+        seed = mostly(data, st.one_of(st.none(), st.integers(0, 2**32)),
+                      st.one_of(st.integers(-5, -1), st.lists(st.integers(-1, 3), max_size=4)))
+        options = {}
+        if data.draw(st.booleans()):
+            options["reset_mask"] = mostly(data, st.lists(st.booleans(), min_size=num_envs,
+                                                          max_size=num_envs).map(np.asarray),
+                                           st.lists(st.integers(0, 2), max_size=4))
+        obs, info = env.reset(seed=seed, options=options)
+        expect(obs.shape == env.observation_space.shape and bool(np.isfinite(obs).all()),
+               f"reset obs {obs.shape}, finite {np.isfinite(obs).all()}")
+        for _ in range(data.draw(st.integers(1, 3))):
+            actions = (np.asarray(data.draw(st.lists(st.floats(-1.0, 1.0), min_size=num_envs,
+                                                     max_size=num_envs))).reshape(-1, 1)
+                       if data.draw(st.integers(0, 3)) else _array(data, env.action_space.shape))
+            obs, reward, terminated, truncated, info = env.step(actions)
+            expect(obs.shape == env.observation_space.shape and reward.shape == (num_envs,),
+                   f"step shapes {obs.shape}, {reward.shape}")
+            expect(bool(np.isfinite(obs).all() and np.isfinite(reward).all()),
+                   f"non-finite obs or reward after actions {actions!r}")
+            expect(all(info[f"_{k}"].shape == (num_envs,) for k in info if not k.startswith("_")
+                       and f"_{k}" in info), "an info mask of the wrong shape")
+        for name in ("copy", "record_episode_statistics"):
+            expect(isinstance(kwargs.get(name, True), bool),
+                   f"{name}={kwargs.get(name)!r} accepted")
+        size = kwargs.get("render_size", (1, 1))
+        expect(all(isinstance(v, int) and v > 0 for v in size), f"render_size={size!r} accepted")
+    finally:
+        env.close()
+
+
+# -- RolloutDataModule and APPOModule configs --------------------------------------------------
+def knock_data_module(_: Any, data: Any) -> None:
+    from lightning_unilab.runtime.data import RolloutDataModule
+
+    kwargs: dict[str, Any] = {}
+    for name, valid, wild in (
+            ("task", st.just("InvertedPendulum-v5"), st.sampled_from(["no-such-task", "", 3])),
+            ("num_envs", st.integers(1, 16), st.one_of(st.integers(-2, 0), WILD_SCALARS)),
+            ("horizon", st.integers(1, 16), st.one_of(st.integers(-2, 0), WILD_SCALARS)),
+            ("num_slots", st.integers(2, 5), st.integers(-1, 1)),
+            ("writer_policy", st.sampled_from(["block", "overwrite_oldest"]),
+             st.sampled_from(["drop", 1, None])),
+            ("mode", st.sampled_from(["auto", "async", "sync"]),
+             st.sampled_from(["lockstep", 0, None])),
+            ("collector_threads", st.one_of(st.none(), st.just(1)),
+             st.one_of(st.integers(-1, 0), st.integers(2**10, 2**40))),
+            ("seed", st.integers(0, 2**32), st.integers(-2**70, -1)),
+            ("zero_copy", st.booleans(), WILD_SCALARS),
+            ("read_newest", st.booleans(), WILD_SCALARS),
+            ("pin_ring", st.booleans(), WILD_SCALARS),
+            ("inline", st.sampled_from([None, False, True]), WILD_SCALARS),
+            ("start_timeout", st.floats(1.0, 600.0), WILD_SCALARS),
+            ("rollout_timeout", st.one_of(st.none(), st.floats(1.0, 600.0)), WILD_SCALARS),
+            ("task_kwargs", st.one_of(st.none(), st.just({"params": {"reset_noise_scale": 0.1}})),
+             st.sampled_from([{"params": {"nope": 1.0}}, {"seed": 3}, {"num_threads": 2}]))):
+        if data.draw(st.booleans()):
+            kwargs[name] = mostly(data, valid, wild)
+    dm = RolloutDataModule(**kwargs)
+    spec = dm.rollout_spec  # what setup() checks before a process starts
+    for name in ("num_envs", "horizon"):
+        want = kwargs.get(name, 64 if name == "num_envs" else 32)
+        expect(getattr(spec, name) == want and isinstance(want, int),
+               f"{name}={want!r} gave {getattr(spec, name)}")
+    expect(dm.env_spec.obs_size == 4 and dm.env_spec.action_size == 1, f"sizes {dm.env_spec}")
+    for name in ("zero_copy", "read_newest", "pin_ring"):
+        expect(isinstance(kwargs.get(name, True), bool), f"{name}={kwargs.get(name)!r} accepted")
+
+
+APPO_ARGS = {
+    "gamma": (st.floats(0.0, 1.0), st.floats(1.0001, 10.0)),
+    "gae_lambda": (st.floats(0.0, 1.0), st.floats(-1.0, -0.001)),
+    "clip_ratio": (st.floats(0.01, 1.0), st.floats(-1.0, 0.0)),
+    "ratio_form": (st.sampled_from(["decoupled", "behaviour", "impact"]),
+                   st.sampled_from(["plain", 1])),
+    "lr": (st.floats(1e-6, 1e-2), st.floats(-1.0, 0.0)),
+    "epochs": (st.integers(1, 3), st.integers(-2, 0)),
+    "minibatches": (st.integers(1, 3), st.integers(-2, 0)),
+    "max_grad_norm": (st.one_of(st.none(), st.floats(0.1, 10.0)), st.floats(-1.0, 0.0)),
+    "max_policy_lag": (st.one_of(st.none(), st.integers(0, 4)), st.integers(-3, -1)),
+    "value_clip": (st.one_of(st.none(), st.floats(0.01, 1.0)), st.floats(-1.0, 0.0)),
+    "entropy_coef": (st.floats(0.0, 0.1), st.floats(-1.0, -1e-9)),
+    "target_tau": (st.floats(0.01, 1.0), st.floats(1.0001, 2.0)),
+    "activation": (st.sampled_from(["elu", "relu", "tanh"]), st.sampled_from(["gelu?", 1])),
+    "actor_hidden": (st.lists(st.integers(1, 8), min_size=1, max_size=2),
+                     st.lists(st.integers(-2, 0), min_size=1, max_size=2)),
+    "obs_size": (st.integers(1, 8), st.integers(-2, 0)),
+}
+
+
+def knock_appo(_: Any, data: Any) -> None:
+    import torch
+
+    from lightning_unilab.learner.appo import APPOModule
+
+    kwargs = {name: mostly(data, valid, st.one_of(wild, WILD_SCALARS))
+              for name, (valid, wild) in APPO_ARGS.items() if data.draw(st.booleans())}
+    kwargs.setdefault("obs_size", 3)
+    module = APPOModule(critic_hidden=(4,), action_size=2, critic_size=3, **kwargs)
+    module.setup("fit")  # builds the ActorCritic from the sizes
+    obs = torch.zeros(2, kwargs["obs_size"])
+    actions = module.policy.act(obs)[0]
+    expect(actions.shape == (2, 2) and bool(torch.isfinite(actions).all()),
+           f"actions {tuple(actions.shape)} from {kwargs}")
+
+
+# -- OmniSpec and its batches -----------------------------------------------------------------
+def _omni_spec():
+    import torch
+
+    from lightning_omni.examples.multimodal_data import CaptionDataset, collate
+    from lightning_omni.examples.multimodal_model import MultimodalCaptioner
+
+    torch.manual_seed(0)
+    model = MultimodalCaptioner(hidden=16, layers=2, heads=2, encoder_dim=8, encoder_heads=2,
+                                encoder_layers=1)
+    data = CaptionDataset(4, seed=0)
+    return model.configure_omni(), collate([data[i] for i in range(4)])
+
+
+def _mutate(batch: dict, data: Any) -> None:
+    """One change to a batch: a key gone, a wild value, another dtype or shape, lengths or
+    placeholder tokens that disagree, NaN inputs."""
+    import torch
+
+    key = data.draw(st.sampled_from(sorted(batch)))
+    x = batch[key]
+    kind = data.draw(st.sampled_from(["delete", "wild", "dtype", "shape", "value", "nan"]
+                                     if isinstance(x, torch.Tensor) else ["delete", "wild"]))
+    if kind == "delete":
+        del batch[key]
+    elif kind == "wild":
+        batch[key] = data.draw(WILD_SCALARS)
+    elif kind == "dtype":
+        batch[key] = x.to(data.draw(st.sampled_from([torch.float16, torch.float64, torch.int32,
+                                                      torch.int64, torch.bool])))
+    elif kind == "shape":
+        if data.draw(st.booleans()) and x.dim() > 1:
+            batch[key] = x[..., : data.draw(st.integers(0, x.shape[-1]))]
+        elif data.draw(st.booleans()):
+            batch[key] = x[: data.draw(st.integers(0, x.shape[0]))]
+        else:
+            batch[key] = x.unsqueeze(data.draw(st.integers(0, x.dim())))
+    elif kind == "value" and x.numel():
+        flat = x.clone().reshape(-1)
+        i = data.draw(st.integers(0, flat.numel() - 1))
+        flat[i] = data.draw(st.integers(-3, 600)) if not flat.is_floating_point() else \
+            data.draw(st.floats(-1e6, 1e6))
+        batch[key] = flat.reshape(x.shape)
+    elif kind == "nan" and x.is_floating_point() and x.numel():
+        flat = x.clone().reshape(-1)
+        flat[data.draw(st.integers(0, flat.numel() - 1))] = data.draw(
+            st.sampled_from([math.nan, math.inf, -math.inf]))
+        batch[key] = flat.reshape(x.shape)
+
+
+def knock_omni_batch(good: tuple[Any, dict], data: Any) -> None:
+    import torch
+
+    spec, base = good
+    batch = {k: v.clone() for k, v in base.items()}
+    for _ in range(data.draw(st.integers(0, 3))):
+        _mutate(batch, data)
+    spec.check_batch(batch)
+    # accepted: the rules check_batch promises hold
+    tokens = batch[spec.tokens]
+    for m in spec.modalities:
+        lengths, x = batch[m.lengths], batch[m.inputs]
+        expect(bool(((lengths >= 0) & (lengths <= x.shape[1])).all()),
+               f"{m.lengths} outside the padded rows accepted: {lengths.tolist()}")
+        expect(torch.equal((tokens == m.token_id).sum(1), lengths.to(torch.long)),
+               f"{m.name} placeholders unequal to {m.lengths} accepted")
+    probe = spec.check_shapes(batch)
+    expect(probe.hidden > 0, f"probe {probe}")
+
+
 # -- the ring -----------------------------------------------------------------------------------
 def knock_ring(_: Any, data: Any) -> None:
     from lightning_unilab.runtime.ring import Ring
@@ -227,6 +422,7 @@ def knock_checkpoint(good: tuple[bytes, str, dict], data: Any) -> None:
 
 
 def _doors() -> dict[str, Door]:
+    from lightning_omni.spec import OmniSpecError
     from lightning_omni.workload_yaml import WorkloadError
     from lightning_omnilab.safe_load import CorruptCheckpointError, UnsafeCheckpointError
 
@@ -244,6 +440,18 @@ def _doors() -> dict[str, Door]:
         Door("omni-plan workload", _workload, knock_workload, (WorkloadError,), ()),
         Door("checkpoint file", _checkpoint, knock_checkpoint,
              (UnsafeCheckpointError, CorruptCheckpointError), ("c.ckpt",)),
+        Door("PoolVectorEnv", lambda: None, knock_gym, (ValueError, TypeError, IndexError),
+             ("autoreset", "max_episode_steps", "copy", "record_episode_statistics",
+              "render_envs", "render_size", "num_envs", "seed", "reset_mask", "actions")),
+        Door("RolloutDataModule(...)", lambda: None, knock_data_module,
+             (ValueError, TypeError, KeyError),
+             ("task", "num_envs", "horizon", "num_slots", "writer_policy", "mode",
+              "collector threads", "seed", "zero_copy", "read_newest", "pin_ring", "inline",
+              "start_timeout", "rollout_timeout", "task_kwargs", "params", "shared memory")),
+        Door("APPOModule(...)", lambda: None, knock_appo, (ValueError, TypeError),
+             tuple(APPO_ARGS)),
+        Door("OmniSpec batch", _omni_spec, knock_omni_batch, (OmniSpecError,),
+             ("batch", "embedding", "modalities", "blocks", "head", "loss")),
     )}
 
 

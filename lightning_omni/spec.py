@@ -116,8 +116,12 @@ class OmniSpec:
                     "a tensor (named by the OmniSpec)", type(batch.get(k)).__name__)
         tokens = batch[self.tokens]
         _expect(tokens.dim() == 2, f"batch[{self.tokens!r}]", "shape [B, T]", tuple(tokens.shape))
+        _expect(_integer(tokens), f"batch[{self.tokens!r}]", "integer token ids", tokens.dtype)
         for m in self.modalities:
             lengths, x = batch[m.lengths], batch[m.inputs]
+            # a float length may be NaN: it has no row count (and int() of it would raise)
+            _expect(_integer(lengths), f"batch[{m.lengths!r}]", "integer row counts",
+                    lengths.dtype)
             _expect(lengths.shape == tokens.shape[:1], f"batch[{m.lengths!r}]",
                     f"shape [{tokens.shape[0]}]", tuple(lengths.shape))
             _expect(x.shape[0] == tokens.shape[0] and x.dim() >= 2, f"batch[{m.inputs!r}]",
@@ -281,6 +285,10 @@ def _call(name: str, part: Callable, *args: Tensor) -> object:
         shapes = [_shape(a) for a in args if isinstance(a, Tensor)]
         raise OmniSpecError(f"{name}: failed on inputs of shapes {shapes} from the previous "
                             f"part ({type(err).__name__}: {err})") from err
+
+
+def _integer(t: Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
 def _shape(x: object) -> object:

@@ -526,15 +526,10 @@ class OmniStrategy(DDPStrategy):
         if self.engine is None:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         layout = self.engine.layout
-        if self.is_global_zero:  # an older checkpoint at this path stops being complete first
-            ckpt.clear_marker(filepath)
-        self.barrier("omni_save_unmark")
-        if layout.replica == 0 and layout.tp_rank == 0:  # one writer per stage
-            ckpt.write_shard(filepath, layout.stage, checkpoint)
-        self.barrier("omni_save_shards")
-        if self.is_global_zero:
-            ckpt.write_marker(filepath, layout.pp, layout.vpp)
-        self.barrier("omni_save_marker")
+        ckpt.save_sharded(filepath, checkpoint, layout.stage,
+                          writes_shard=layout.replica == 0 and layout.tp_rank == 0,
+                          rank_zero=self.is_global_zero, pp=layout.pp, vpp=layout.vpp,
+                          barrier=self.barrier)
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         if not ckpt.is_sharded(checkpoint_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,23 @@ def clear_marker(directory: str | os.PathLike) -> None:
     (``last.ckpt``) must not leave it marked complete while its shards are half old, half new
     (each shard passes its own digest, so nothing else would notice)."""
     (Path(directory) / MARKER).unlink(missing_ok=True)
+
+
+def save_sharded(directory: str | os.PathLike, checkpoint: dict[str, Any], stage: int, *,
+                 writes_shard: bool, rank_zero: bool, pp: int, vpp: int,
+                 barrier: Callable[[str], None]) -> None:
+    """One rank's part of a sharded save (every rank calls it): rank 0 unmarks, the stage's
+    writer writes its shard, rank 0 marks it complete once every shard is in place. A rank
+    killed at any point leaves the directory unmarked or whole, never marked over a mix."""
+    if rank_zero:  # an older checkpoint at this path stops being complete first
+        clear_marker(directory)
+    barrier("omni_save_unmark")
+    if writes_shard:  # one writer per stage
+        write_shard(directory, stage, checkpoint)
+    barrier("omni_save_shards")
+    if rank_zero:
+        write_marker(directory, pp, vpp)
+    barrier("omni_save_marker")
 
 
 def is_sharded(path: str | os.PathLike) -> bool:
@@ -97,8 +115,11 @@ def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def remove(path: str | os.PathLike) -> None:
+    """Remove a checkpoint; a sharded one is unmarked first, so a removal cut short never
+    leaves a directory marked complete with a shard gone."""
     p = Path(path)
     if p.is_dir():
+        clear_marker(p)
         shutil.rmtree(p)
     elif p.exists():
         p.unlink()

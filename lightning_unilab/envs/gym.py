@@ -36,7 +36,7 @@ import numpy as np
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from lightning_omnilab.validate import fail, one_of
+from lightning_omnilab.validate import ArgumentTypeError, boolean, fail, one_of, positive_int
 from lightning_unilab.envs.tasks.base import NumpyTask
 from lightning_unilab.envs.vector_env import TaskVectorEnv
 
@@ -92,13 +92,19 @@ class PoolVectorEnv(VectorEnv):
         if mode not in _MODES:  # (an enum member or its name: not one_of's rule)
             fail("autoreset", f"one of {sorted(_MODES)}", autoreset)
         one_of("render_mode", render_mode, (None, "rgb_array"))
+        boolean("record_episode_statistics", record_episode_statistics)
+        if isinstance(render_size, str) or not isinstance(render_size, Sequence) or \
+                len(render_size) != 2:
+            fail("render_size", "(width, height)", render_size, ArgumentTypeError)
+        for size in render_size:
+            positive_int("render_size", size)
         if max_episode_steps is not None:
             params = {**(params or {}), "max_episode_steps": max_episode_steps}
         self.env = TaskVectorEnv(task, num_envs, num_threads, autoreset=mode, params=params,
                                  randomization=randomization, nonfinite=nonfinite, copy=copy)
         spec = self.env.spec
         self.num_envs = self.env.num_envs
-        self.record_episode_statistics = bool(record_episode_statistics)
+        self.record_episode_statistics = record_episode_statistics
         dt = float(self.env.model.opt.timestep) * spec.frame_skip
         self.metadata = {**self.metadata, "autoreset_mode": _MODES[mode],
                          "render_fps": round(1.0 / dt)}
@@ -112,7 +118,11 @@ class PoolVectorEnv(VectorEnv):
                                                               self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
         self.render_mode = render_mode
-        self._render_ids = np.asarray(self.env.pool.select(np.sort(np.asarray(render_envs))))
+        try:
+            self._render_ids = np.asarray(self.env.pool.select(np.sort(np.asarray(render_envs))))
+        except (TypeError, ValueError, IndexError) as err:  # the pool's message says "ids"
+            self.env.close()
+            raise type(err)(f"render_envs: {err}") from err
         self._render_size = render_size
         self._camera = camera
         self._renderer = None

@@ -55,7 +55,7 @@ from typing import Any
 import mujoco
 import numpy as np
 
-from lightning_omnilab.validate import non_negative_int, one_of
+from lightning_omnilab.validate import boolean, non_negative_int, one_of
 from lightning_unilab import _core
 from lightning_unilab.envs import tasks
 from lightning_unilab.envs.pool import BatchEnvPool, broadcast_real
@@ -232,7 +232,7 @@ class TaskVectorEnv:
         seed = _check_seed(seed, "seed")
         self.autoreset = autoreset
         self.nonfinite = nonfinite
-        self.copy = bool(copy)
+        self.copy = boolean("copy", copy)
         self._randomization = randomization
         self._np_rng = np.random.default_rng(seed)
         self._params: dict[str, float] = {}

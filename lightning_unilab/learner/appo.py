@@ -47,7 +47,7 @@ from lightning_unilab.learner.losses import (
     policy_ratio,
     ppo_surrogate,
 )
-from lightning_unilab.learner.policy import ActorCritic
+from lightning_unilab.learner.policy import ActorCritic, check_activation, hidden_sizes
 from lightning_unilab.learner.returns import bootstrap_truncated, episode_discounts, vtrace
 
 __all__ = ["APPOModule", "PreparedSlot", "adapted_lr", "next_actor_lr"]
@@ -195,6 +195,9 @@ class APPOModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["policy"])
+        hidden_sizes("actor_hidden", actor_hidden)
+        hidden_sizes("critic_hidden", critic_hidden)
+        check_activation(activation)
         probability("gamma", gamma)
         probability("gae_lambda", gae_lambda)
         positive_number("rho_bar", rho_bar)

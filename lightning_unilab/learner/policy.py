@@ -8,23 +8,38 @@ updates the statistics from the rollouts it reads and trains on the same module.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.distributions import Normal
 
-from lightning_omnilab.validate import one_of, positive_int
+from lightning_omnilab.validate import ArgumentTypeError, fail, one_of, positive_int
 
 __all__ = ["ActorCritic", "ObsNormalizer", "RunningMoments", "ValueNormalizer", "mlp"]
 
 _ACTIVATIONS = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
 
 
+def hidden_sizes(name: str, value: Any) -> tuple[int, ...]:
+    """Hidden layer widths: a list or tuple of ints >= 1 (empty: a linear map)."""
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        fail(name, "a list of layer widths (ints >= 1)", value, ArgumentTypeError)
+    for width in value:
+        positive_int(name, width)
+    return tuple(int(w) for w in value)
+
+
+def check_activation(activation: Any) -> str:
+    return one_of("activation", activation, sorted(_ACTIVATIONS))
+
+
 def mlp(
     in_size: int, hidden: Sequence[int], out_size: int, activation: str = "elu"
 ) -> nn.Sequential:
     """in -> hidden... -> out, with ``activation`` between layers and none after the last."""
-    one_of("activation", activation, sorted(_ACTIVATIONS))
+    check_activation(activation)
+    hidden = hidden_sizes("hidden", hidden)
     sizes = [in_size, *hidden]
     layers: list[nn.Module] = []
     for a, b in zip(sizes[:-1], sizes[1:], strict=True):
@@ -150,8 +165,10 @@ class ActorCritic(nn.Module):
         self.obs_normalizer = ObsNormalizer(obs_size)
         self.critic_normalizer = ObsNormalizer(critic_size)
         self.value_normalizer = ValueNormalizer()
-        self.actor = mlp(obs_size, actor_hidden, action_size, activation)
-        self.critic = mlp(critic_size, critic_hidden, 1, activation)
+        self.actor = mlp(obs_size, hidden_sizes("actor_hidden", actor_hidden), action_size,
+                         activation)
+        self.critic = mlp(critic_size, hidden_sizes("critic_hidden", critic_hidden), 1,
+                          activation)
         self.log_std = nn.Parameter(torch.full((action_size,), float(init_log_std)))
 
     def _actor_input(self, obs: Tensor) -> Tensor:

@@ -16,13 +16,16 @@ synchronous PPO baseline, sharing every other line with the asynchronous mode.
 
 Faults: an exception in the process is sent back with its traceback and re-raised in the learner
 as :class:`CollectorError` by the next ``acquire`` (whose wait checks the process every 50 ms),
-so a dead collector never hangs the learner. The collector watches a pipe whose only write end
-the learner holds (EOF once the learner is gone, even SIGKILLed) between rollouts and in every
-wait; then it unlinks the ring and the weight board itself and exits.
+so a dead collector never hangs the learner; a killed one is named with its signal. A collector
+alive but silent (stopped by SIGSTOP, stuck) is what ``acquire``'s timeout is for:
+:meth:`Collector.silent_error` names it and its process state. The collector watches a pipe
+whose only write end the learner holds (EOF once the learner is gone, even SIGKILLed) between
+rollouts and in every wait; then it unlinks the ring and the weight board itself and exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import multiprocessing as mp
@@ -204,6 +207,9 @@ def _stop(proc: Any, ring: Ring, board: WeightBoard, timeout: float) -> None:
     try:
         if proc is not None and proc.pid is not None:  # started
             ring.shut()
+            if proc.exitcode is None:  # a stopped (SIGSTOP) collector could not see the shut
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
             proc.join(timeout)
             if proc.exitcode is None:
                 proc.kill()
@@ -324,11 +330,24 @@ class Collector:
             except (EOFError, OSError):
                 pass
         code = self._proc.exitcode
-        how = (f"was killed by signal {-code}" if code is not None and code < 0
-               else f"exited with code {code}")
+        how = (f"was killed by signal {-code} ({_signal_name(-code)})"
+               if code is not None and code < 0 else f"exited with code {code}")
         detail = (f":\n{self._error}" if self._error
                   else " (no traceback: it did not get to send one)")
-        raise CollectorError(f"the collector process {how}{detail}")
+        raise CollectorError(f"the collector process {self._name()} {how}{detail}")
+
+    def silent_error(self, waited: float) -> CollectorError:
+        """The error for a collector that is alive but sent no rollout for ``waited`` s."""
+        state = _process_state(self._proc.pid) if self._proc is not None else "not started"
+        return CollectorError(
+            f"the collector process {self._name()} sent no rollout within {waited:.1f} s; it is "
+            f"alive but {state}; raise the data module's rollout_timeout if its rollouts take "
+            "longer")
+
+    def _name(self) -> str:
+        if self._proc is None:
+            return "(not started)"
+        return f"{self._proc.name} (pid {self._proc.pid})"
 
     # ------------------------------------------------------------------ data and weights
 
@@ -356,6 +375,28 @@ class Collector:
         else:
             self.board.publish(policy, self.version)
         return self.version
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "an unknown signal"
+
+
+_STATES = {"T": "stopped (SIGSTOP or a job-control stop)", "t": "stopped by a debugger",
+           "D": "blocked in the kernel (uninterruptible wait)", "Z": "a zombie (exited)",
+           "R": "running", "S": "sleeping"}
+
+
+def _process_state(pid: int) -> str:
+    """What /proc says the process is doing (Linux; elsewhere "in an unknown state")."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            code = f.read().rsplit(") ", 1)[1][:1]
+    except (OSError, IndexError):
+        return "in an unknown state"
+    return _STATES.get(code, f"in state {code!r}")
 
 
 def check_policy(policy: Any, spec: RolloutSpec, task: str | TaskRef) -> None:

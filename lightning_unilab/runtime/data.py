@@ -46,7 +46,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_omnilab import quiet
-from lightning_omnilab.validate import one_of
+from lightning_omnilab.validate import boolean, one_of, positive_number
 from lightning_unilab.envs.randomization import Randomization, randomization_config
 from lightning_unilab.envs.tasks.base import NumpyTask
 from lightning_unilab.envs.tasks.ref import task_config
@@ -212,6 +212,10 @@ class RolloutDataModule(pl.LightningDataModule):
             (:mod:`lightning_unilab.runtime.inline`: the same rollouts, without a process to
             start or a hand-off per rollout). None: inline for a sync run with a CPU learner;
             False: always a collector process.
+        rollout_timeout: seconds the learner waits for one rollout before it raises
+            ``CollectorError`` naming the collector and its process state: a collector that
+            is alive but silent (stopped, stuck) ends the run instead of hanging it. None: wait
+            as long as the collector lives (a dead one is reported within 50 ms either way).
     """
 
     def __init__(
@@ -231,6 +235,7 @@ class RolloutDataModule(pl.LightningDataModule):
         read_newest: bool = False,
         pin_ring: bool = True,
         inline: bool | None = None,
+        rollout_timeout: float | None = 300.0,
     ) -> None:
         super().__init__()
         # loggers and checkpoints get plain data (weights-only loading reads it back): a task
@@ -257,17 +262,18 @@ class RolloutDataModule(pl.LightningDataModule):
         self.config.check()
         check_num_slots(num_slots)
         self.num_slots, self.writer_policy = num_slots, writer_policy
-        self.zero_copy = zero_copy
-        self.read_newest = bool(read_newest)
+        self.zero_copy = boolean("zero_copy", zero_copy)
+        self.read_newest = boolean("read_newest", read_newest)
         self.slots_dropped = 0
-        self.start_timeout = start_timeout
+        self.start_timeout = positive_number("start_timeout", start_timeout)
+        self.rollout_timeout = positive_number("rollout_timeout", rollout_timeout, none_ok=True)
         self._spec: RolloutSpec | None = None
         self.collector: Collector | InlineCollector | None = None
         self.counters: dict[str, Any] = {}  # of the latest slot read (checkpointed)
         self.policy_version = 0
         self.slots_read = 0
         self.ring_copy_s = 0.0  # time spent turning slots into tensors (copies, if any)
-        self.pin_ring = bool(pin_ring)
+        self.pin_ring = boolean("pin_ring", pin_ring)
         if inline is not None and not isinstance(inline, bool):
             raise TypeError(f"inline: expected True, False or None, got {inline!r}")
         if inline and self.requested_mode == "async":
@@ -447,8 +453,10 @@ class RolloutDataModule(pl.LightningDataModule):
             raise RuntimeError("RolloutDataModule: the collector is not running")
         while len(held) > hold:
             self._release(collector, held.popleft())
-        slot, wait_s = collector.acquire()
+        slot, wait_s = collector.acquire(timeout=self.rollout_timeout)
         if slot is None:
+            if isinstance(collector, Collector) and not collector.ring.closed:
+                raise collector.silent_error(wait_s)
             raise RuntimeError("RolloutDataModule: the collector was stopped")
         while self.read_newest:  # a newer one is ready: this one went stale meanwhile
             newer, _ = collector.acquire(timeout=0.0)

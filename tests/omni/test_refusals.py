@@ -110,6 +110,18 @@ def test_every_batch_is_checked_naming_sample_and_field():
         _fit(make_model(0), data=data, max_steps=2)
 
 
+def test_lengths_and_tokens_must_be_integers():
+    """Found by the fuzz door: a NaN length raised ``cannot convert float NaN to integer``."""
+    spec = make_model(0).configure_omni()
+    batch = global_batches(ToyData(4), 4)[0]
+    nan = batch["image_len"].double().fill_(float("nan"))
+    with pytest.raises(OmniSpecError, match=r"batch\['image_len'\]: expected integer row "
+                                            r"counts, got torch.float64"):
+        spec.check_batch({**batch, "image_len": nan})
+    with pytest.raises(OmniSpecError, match=r"batch\['tokens'\]: expected integer token ids"):
+        spec.check_batch({**batch, "tokens": batch["tokens"].float()})
+
+
 def test_a_module_split_by_another_layout_is_refused():
     model = make_model(0)
     trainer = _fit(model, OmniStrategy(num_microbatches=2))

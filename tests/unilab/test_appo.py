@@ -393,6 +393,13 @@ def test_bad_hyperparameters_name_the_argument():
         APPOModule(max_policy_lag=-1)
     with pytest.raises(ValueError, match="minibatches"):
         APPOModule(minibatches=0)
+    # found by the fuzz door: these failed in setup, naming nothing
+    with pytest.raises(TypeError, match="actor_hidden: expected a list of layer widths"):
+        APPOModule(actor_hidden=None)
+    with pytest.raises(ValueError, match="critic_hidden: expected an int >= 1"):
+        APPOModule(critic_hidden=(8, -2))
+    with pytest.raises(ValueError, match="activation"):
+        APPOModule(activation="gelu?")
 
 
 def test_hyperparameters_follow_the_shared_rules():

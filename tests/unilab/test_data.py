@@ -143,6 +143,8 @@ def test_errors_stop_the_collector(tmp_path):
         (dict(task="NoSuchTask-v0"), "task"),
         (dict(num_slots=1), "num_slots"),
         (dict(mode="lockstep"), "mode"),
+        (dict(zero_copy="no"), "zero_copy"),  # found by the fuzz door: bool("no") was True
+        (dict(start_timeout=-1), "start_timeout"),
     ],
 )
 def test_impossible_configs_fail_at_construction(kwargs, match):

@@ -218,3 +218,12 @@ def test_closed_env_and_bad_arguments() -> None:
         PoolVectorEnv("Hopper-v5", 2, params={"ctrl_cost_weight": "high"})
     with pytest.raises(ValueError, match="num_envs"):
         PoolVectorEnv("Hopper-v5", True)
+    # found by the fuzz door: the pool's "ids", truthy stand-ins, a size checked only when drawn
+    with pytest.raises(IndexError, match=r"^render_envs: ids: expected env ids in \[0, 2\)"):
+        PoolVectorEnv("Hopper-v5", 2, render_envs=[5])
+    with pytest.raises(TypeError, match="copy: expected True or False"):
+        PoolVectorEnv("Hopper-v5", 2, copy="no")
+    with pytest.raises(TypeError, match="record_episode_statistics: expected True or False"):
+        PoolVectorEnv("Hopper-v5", 2, record_episode_statistics=1)
+    with pytest.raises(ValueError, match="render_size"):
+        PoolVectorEnv("Hopper-v5", 2, render_size=(0, 480))
