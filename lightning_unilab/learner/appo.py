@@ -60,6 +60,8 @@ _BATCH_KEYS = ("obs", "critic_obs", "actions", "behaviour_logp", "behaviour_mean
                "last_critic_obs")
 
 
+# when the adaptive lr moves: once per update on its KL, or before each minibatch's step
+ADAPT_LR_EVERY = ("update", "minibatch")
 _TERMS = ("loss", "policy_loss", "value_loss", "entropy", "kl", "approx_kl", "clip_fraction")
 # the metrics Lightning tracks (trainer.callback_metrics: checkpoint monitors, early stopping,
 # the progress bar); every other metric of a step goes straight to the loggers at the same
@@ -144,6 +146,9 @@ class APPOModule(pl.LightningModule):
             The KL is that of the whole update (pre-update policy to updated, over the slot) and
             the lr moves once per update. It moves the actor's lr only; the critic trains at
             ``critic_lr`` (default: ``lr``).
+        adapt_lr_every: "update" (above) or "minibatch": rsl_rl's rule, where each minibatch's
+            KL (pre-update policy to the current one, on that minibatch, before its step) moves
+            the lr for that step; ``desired_kl`` is then a per-minibatch target.
         kl_stop: trust region of one update: once the KL of the pre-update policy to the current
             one passes ``kl_stop * desired_kl`` the actor step that crossed it is undone and the
             rest of the update trains the critic only (None: off).
@@ -179,6 +184,7 @@ class APPOModule(pl.LightningModule):
         entropy_coef: float = 0.01,
         lr: float = 1e-3,
         adaptive_lr: bool = True,
+        adapt_lr_every: str = "update",
         desired_kl: float = 0.01,
         lr_min: float = 1e-6,
         lr_max: float = 1e-2,
@@ -212,6 +218,7 @@ class APPOModule(pl.LightningModule):
         number("kl_stop", kl_stop, low=1, low_open=True, none_ok=True)
         if adaptive_lr or kl_stop is not None:
             positive_number("desired_kl", desired_kl)
+        one_of("adapt_lr_every", adapt_lr_every, ADAPT_LR_EVERY)
         if adaptive_lr:
             positive_number("lr_min", lr_min)
             number("lr_max", lr_max, low=lr_min)
@@ -449,6 +456,7 @@ class APPOModule(pl.LightningModule):
         before: list[Tensor] | None = None  # the actor before its latest step
         overshoot: float | None = None  # the KL that stopped the actor
         actor_steps = 0
+        per_minibatch = hp.adaptive_lr and hp.adapt_lr_every == "minibatch"
         history: list[Tensor] = []
         for _ in range(hp.epochs):
             perm = torch.randperm(size, generator=self._shuffler()).to(slot.obs.device)
@@ -474,6 +482,11 @@ class APPOModule(pl.LightningModule):
                                              f"{self.policy_version}; no step taken. Lower lr "
                                              "or check the task's observations and rewards")
                 if overshoot is None:  # this step moves the actor
+                    if per_minibatch:  # a zero KL (the update's first step) says nothing
+                        mb_kl = self._mean_over_ranks(terms["kl"])
+                        if mb_kl > 0.0:
+                            self._set_lr(adapted_lr(self._lr(), mb_kl, hp.desired_kl,
+                                                    hp.lr_min, hp.lr_max))
                     actor_steps += 1
                     if guard is not None:
                         before = [p.detach().clone() for p in actor]
@@ -489,7 +502,7 @@ class APPOModule(pl.LightningModule):
                 overshoot = kl if overshoot is None else overshoot
                 self._restore(actor, start)
                 actor_steps, kl = 0, self._update_kl(slot)
-        if hp.adaptive_lr:
+        if hp.adaptive_lr and not per_minibatch:
             self._set_lr(next_actor_lr(self._lr(), kl, overshoot, hp.desired_kl, hp.lr_min,
                                        hp.lr_max))
         means = torch.stack(history).mean(0).tolist()

@@ -312,6 +312,27 @@ def test_adaptive_lr_moves_the_actor_group_only(pendulum_batch):
     assert id(module.policy.log_std) in {id(p) for p in actor["params"]}
 
 
+def test_per_minibatch_lr_moves_before_each_step_after_the_first(pendulum_batch):
+    """rsl_rl's rule: each minibatch's KL moves the lr for its own step; the update's first
+    minibatch (KL 0) leaves it. 2 epochs x 2 minibatches of huge steps: three falls by 1.5."""
+    policy, batch, spec = pendulum_batch
+    seen: list[float] = []
+
+    class Spy(APPOModule):
+        def _set_lr(self, lr: float) -> None:
+            seen.append(lr)
+            super()._set_lr(lr)
+
+    module = Spy(policy=_copy(policy), lr=0.05, desired_kl=1e-4, kl_stop=None,
+                 adapt_lr_every="minibatch", **SMALL)
+    trainer = _fit(module, FixedBatches([batch], spec))
+    assert seen == pytest.approx([0.05 / 1.5, 0.05 / 1.5**2, 0.05 / 1.5**3])
+    assert module._lr() == pytest.approx(0.05 / 1.5**3)
+    assert trainer.callback_metrics["learner/actor_steps"].item() == 4.0
+    with pytest.raises(ValueError, match="adapt_lr_every"):
+        APPOModule(adapt_lr_every="epoch")
+
+
 def test_trust_region_undoes_the_step_that_crosses_it(pendulum_batch):
     policy, batch, spec = pendulum_batch
     module = APPOModule(policy=_copy(policy), lr=0.05, desired_kl=1e-4, kl_stop=2.0, **SMALL)
