@@ -267,7 +267,9 @@ class TaskVectorEnv:
             self.name = info.name
             clean = _check_params(params)
             self._params = clean
-            self.pool = BatchEnvPool(info.load_model(), num_envs, num_threads)
+            # model-level params (g1-walk-flat's timestep) go into the model here: the C++
+            # task sees it const and checks it
+            self.pool = BatchEnvPool(info.load_model(clean), num_envs, num_threads)
             self._core = _core.TaskEnv(self.pool.core, info.name, clean,
                                        autoreset == "same_step")
             self.spec = TaskSpec.from_dict(self._core.spec)
