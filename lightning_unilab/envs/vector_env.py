@@ -278,6 +278,8 @@ class TaskVectorEnv:
         else:
             raise TypeError(f"task: expected a task name, a task class or a NumpyTask, got "
                             f"{type(task).__name__}")
+        # model fields set by task parameters (g1-walk-flat: opt.timestep): fixed per task
+        self._task_fields = tasks.model_param_fields(self.name)
         self.num_envs = self.pool.num_envs
         self.buffers = StepBuffers.allocate(self.num_envs, self.spec)
         self._all = np.arange(self.num_envs)
@@ -524,6 +526,11 @@ class TaskVectorEnv:
     def _randomize(self, ids: np.ndarray, keep_state: bool = False) -> None:
         assert self._randomization is not None
         fields = dict(self._randomization(self._np_rng, ids))
+        fixed = sorted(fields.keys() & self._task_fields.keys())
+        if fixed:
+            raise ValueError(f"randomization: {fixed[0]!r} is {self.name}'s task parameter "
+                             f"{self._task_fields[fixed[0]]!r} (its substeps and dt follow it): "
+                             "set it through params, not per env")
         sel = ids.astype(np.int32)
         state = self.pool.state[sel].copy() if keep_state else None
         self.pool.reset(sel, initial_state=state, randomization=fields)

@@ -161,3 +161,14 @@ def test_the_cpp_task_refuses_a_model_at_another_step() -> None:
     with pytest.raises(ValueError, match=r"opt.timestep 0.002 is not the task's timestep 0.004"):
         _core.TaskEnv(pool.core, "g1-walk-flat", {"timestep": 0.004}, True)
     _core.TaskEnv(pool.core, "g1-walk-flat", {"timestep": 0.002}, True)  # matches: builds
+
+
+def test_a_randomization_may_not_change_the_task_step_per_env() -> None:
+    def per_env_step(rng: np.random.Generator, ids: np.ndarray) -> dict[str, np.ndarray]:
+        return {"opt.timestep": np.full(len(ids), 0.002)}
+
+    for task in ("g1-walk-flat", G1WalkFlat()):
+        env = TaskVectorEnv(task, 2, num_threads=1, randomization=per_env_step)
+        with pytest.raises(ValueError, match=r"'opt.timestep' is g1-walk-flat's task parameter "
+                                             r"'timestep'.*set it through params"):
+            env.reset(seed=0)

@@ -21,8 +21,8 @@ from lightning_unilab.envs.assets import g1_flat_scene
 from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec, Transition
 from lightning_unilab.envs.tasks.rng import EnvRng
 
-__all__ = ["EnvRng", "NumpyTask", "TaskInfo", "TaskSpec", "Transition", "get", "load_model",
-           "set_timestep", "task_names"]
+__all__ = ["EnvRng", "ModelParam", "NumpyTask", "TaskInfo", "TaskSpec", "Transition", "get",
+           "load_model", "model_param_fields", "set_timestep", "task_names"]
 
 
 def _package_dir(package: str, hint: str) -> Path:
@@ -51,21 +51,32 @@ def set_timestep(model: mujoco.MjModel, timestep: float) -> None:
 
 
 @dataclass(frozen=True)
+class ModelParam:
+    """A task parameter that lives in the model: the model field it sets (which a per-env
+    randomization must then leave alone) and how it sets it (validating the value)."""
+
+    field: str
+    apply: Callable[[mujoco.MjModel, float], None]
+
+
+TIMESTEP = ModelParam("opt.timestep", set_timestep)
+
+
+@dataclass(frozen=True)
 class TaskInfo:
     """A registered task: its model's XML, its numpy twin (if any), and its model-level
     parameters.
 
     ``model_params``: task parameters that live in the model, not in the task: {name:
-    function(model, value)}. A C++ task gets a const mjModel, so :meth:`load_model` applies them
-    (the given value, else the C++ table's default) before the pool is built, and the task checks
-    that the model carries them (g1-walk-flat's ``timestep``: model.opt.timestep).
+    ModelParam}. A C++ task gets a const mjModel, so :meth:`load_model` applies them (the given
+    value, else the C++ table's default) before the pool is built, and the task checks that the
+    model carries them (g1-walk-flat's ``timestep``: model.opt.timestep).
     """
 
     name: str
     xml: Callable[[], Path]
     numpy_task: Callable[[], NumpyTask] | None = None
-    model_params: Mapping[str, Callable[[mujoco.MjModel, float], None]] = field(
-        default_factory=dict)
+    model_params: Mapping[str, ModelParam] = field(default_factory=dict)
 
     def load_model(self, params: Mapping[str, float] | None = None) -> mujoco.MjModel:
         """The task's model with its model-level parameters applied (params over the defaults;
@@ -73,8 +84,8 @@ class TaskInfo:
         model = compile_without_settotalmass(self.xml())
         if self.model_params:
             values = {**_core.task_defaults(self.name), **(params or {})}
-            for key, apply in self.model_params.items():
-                apply(model, float(values[key]))
+            for key, param in self.model_params.items():
+                param.apply(model, float(values[key]))
         return model
 
 
@@ -112,8 +123,15 @@ _TASKS: dict[str, TaskInfo] = {
     "InvertedPendulum-v5": TaskInfo("InvertedPendulum-v5",
                                     lambda: gym_xml("inverted_pendulum.xml")),
     "g1-walk-flat": TaskInfo("g1-walk-flat", g1_xml, _g1_numpy,
-                             model_params={"timestep": set_timestep}),
+                             model_params={"timestep": TIMESTEP}),
 }
+
+
+def model_param_fields(name: str) -> dict[str, str]:
+    """{model field: task parameter} of the registered task called name ({} if none or not
+    registered): fields that a per-env randomization may not change under the task."""
+    info = _TASKS.get(name)
+    return {p.field: key for key, p in info.model_params.items()} if info else {}
 
 
 def task_names() -> list[str]:
