@@ -120,7 +120,7 @@ class G1WalkFlat(NumpyTask):
         if self._model is None:
             from lightning_unilab.envs import tasks
 
-            self._model = tasks.get(self.name).load_model(dataclasses.asdict(self.p))
+            self._model = tasks.get(G1WalkFlat.name).load_model(dataclasses.asdict(self.p))
             self._setup(self._model)
         return self._model
 
