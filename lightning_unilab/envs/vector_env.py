@@ -396,18 +396,22 @@ class TaskVectorEnv:
                         "returns": self._return.copy(), "lengths": self._length.copy(),
                         "pending": self._pending.astype(np.uint8)}
         return {"task": self.name, "num_envs": self.num_envs, "autoreset": self.autoreset,
+                "timestep": float(self.model.opt.timestep),
                 "pool": self.pool.get_state(), "episodes": episodes,
                 "randomization_rng": json.dumps(self._np_rng.bit_generator.state)}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Continue from :meth:`get_state` of an env of the same task, num_envs and autoreset.
+        """Continue from :meth:`get_state` of an env of the same task, num_envs, autoreset and
+        physics step (``timestep``, where the state has it).
         Everything is checked first: ValueError naming the entry that does not fit."""
         self._check_open()
         if not isinstance(state, Mapping):
             raise TypeError(f"state: expected the mapping of get_state(), got "
                             f"{type(state).__name__}")
-        for key, want in (("task", self.name), ("num_envs", self.num_envs),
-                          ("autoreset", self.autoreset)):
+        checks = [("task", self.name), ("num_envs", self.num_envs), ("autoreset", self.autoreset)]
+        if "timestep" in state:  # (states saved before it was kept have none)
+            checks.append(("timestep", float(self.model.opt.timestep)))
+        for key, want in checks:
             if state.get(key) != want:
                 raise ValueError(f"state[{key!r}]: saved from an env with {key} "
                                  f"{state.get(key)!r}, this one has {want!r}")

@@ -172,3 +172,14 @@ def test_a_randomization_may_not_change_the_task_step_per_env() -> None:
         with pytest.raises(ValueError, match=r"'opt.timestep' is g1-walk-flat's task parameter "
                                              r"'timestep'.*set it through params"):
             env.reset(seed=0)
+
+
+def test_a_saved_state_does_not_continue_at_another_step() -> None:
+    old = TaskVectorEnv("g1-walk-flat", 2, num_threads=1, params={"timestep": 0.002})
+    old.reset(seed=0)
+    state = old.get_state()
+    assert state["timestep"] == 0.002
+    with pytest.raises(ValueError, match=r"state\['timestep'\]: saved from an env with timestep "
+                                         r"0.002, this one has 0.005"):
+        TaskVectorEnv("g1-walk-flat", 2, num_threads=1).set_state(state)
+    TaskVectorEnv("g1-walk-flat", 2, num_threads=1, params={"timestep": 0.002}).set_state(state)
