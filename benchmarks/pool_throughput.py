@@ -221,8 +221,8 @@ def task_checks(r: dict) -> dict[str, bool]:
     if "pool_task_env_steps_per_s" not in r:
         return {}
     out = {
-        "g1 task >= 0.9 x limit / 10": r["pool_task_env_steps_per_s"]
-        >= 0.9 * r["limit_substeps_per_s"] / NSTEP,
+        "g1 task >= 0.9 x limit / frame_skip": r["pool_task_env_steps_per_s"]
+        >= 0.9 * r["task_limit_env_steps_per_s"],
         "g1 task >= numpy task on Batch": r["pool_task_env_steps_per_s"]
         >= r["batch_task_env_steps_per_s"],
     }

@@ -2,7 +2,9 @@
 
 - g1-walk-flat: TaskVectorEnv (fused C++ task, auto-reset) against the same task written in
   numpy over upstream ``mujoco.batch.Batch`` (what an expert would write with MuJoCo alone);
-  the ceiling is num_threads x the single-thread ``mujoco.rollout`` rate / 10 substeps.
+  the ceiling is num_threads x the single-thread ``mujoco.rollout`` rate / frame_skip substeps.
+  Measured at the task's default step (5 ms x 4 per 20 ms control step: the unsuffixed keys)
+  and at the scene's own 2 ms x 10 (keys with ``_2ms``, the step of the numbers before issue 29).
 - Ant-v5 and HalfCheetah-v5 (random actions, auto-reset): TaskVectorEnv against gymnasium's
   SyncVectorEnv (64 envs) and AsyncVectorEnv (2 workers), best of the two; the ceiling is
   num_threads x the single-thread ``mujoco.rollout`` rate from gymnasium's own reset states over
@@ -29,12 +31,13 @@ import numpy as np
 from mujoco import batch as mjbatch
 from mujoco import rollout as mjrollout
 
-from lightning_unilab.envs.tasks import g1_xml
+from lightning_unilab.envs import tasks
 from lightning_unilab.envs.tasks.g1_walk import G1WalkFlat
 from lightning_unilab.envs.tasks.rng import EnvRng
 from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 GYM_ENVS = {"ant": "Ant-v5", "halfcheetah": "HalfCheetah-v5"}
+OLD_TIMESTEP = 0.002  # the G1 scene's own step, the task's before issue 29 (keys "_2ms")
 
 
 def _rate(step: Callable[[], int], seconds: float) -> float:
@@ -60,11 +63,16 @@ def _interleave(methods: dict[str, Callable[[], int]], rounds: int,
 # ---------------------------------------------------------------------------- G1
 
 
+def _g1_params(timestep: float | None) -> dict[str, float]:
+    return {} if timestep is None else {"timestep": timestep}
+
+
 class _BatchG1:
     """g1-walk-flat over mujoco.batch.Batch: the numpy task on upstream MuJoCo's batch engine."""
 
-    def __init__(self, num_envs: int, num_threads: int, seed: int = 0) -> None:
-        self.task = G1WalkFlat()
+    def __init__(self, num_envs: int, num_threads: int, seed: int = 0,
+                 timestep: float | None = None) -> None:
+        self.task = G1WalkFlat(**_g1_params(timestep))
         self.model = self.task.model()
         self.batch = mjbatch.Batch(self.model, num_envs, num_threads)
         self.n = num_envs
@@ -109,9 +117,11 @@ class _BatchG1:
         return obs, reward, term
 
 
-def g1_rollout_limit(num_threads: int, nbatch: int = 32, nstep: int = 200) -> float:
-    """num_threads x single-thread mujoco.rollout substeps/s on G1 from its knees_bent pose."""
-    m = mujoco.MjModel.from_xml_path(str(g1_xml()))
+def g1_rollout_limit(num_threads: int, nbatch: int = 32, nstep: int = 200,
+                     timestep: float | None = None) -> float:
+    """num_threads x single-thread mujoco.rollout substeps/s on G1 from its knees_bent pose, at
+    the task's step (its default, or timestep)."""
+    m = tasks.load_model("g1-walk-flat", _g1_params(timestep))
     d = mujoco.MjData(m)
     mujoco.mj_resetDataKeyframe(m, d, m.key("knees_bent").id)
     spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
@@ -154,10 +164,12 @@ def _cycling(env_step: Callable[[np.ndarray], object], actions: list[np.ndarray]
 
 
 def g1_task_rollout(num_threads: int, mean_length: float, count: int,
-                    rng: np.random.Generator) -> Callable[[], int]:
+                    rng: np.random.Generator, timestep: float | None = None
+                    ) -> Callable[[], int]:
     """A step function: single-thread rollouts of the task's own workload (its start states,
-    its random actions held for 10 substeps, over its mean episode length), x num_threads."""
-    task = G1WalkFlat()
+    its random actions held for frame_skip substeps, over its mean episode length), x
+    num_threads."""
+    task = G1WalkFlat(**_g1_params(timestep))
     m = task.model()
     d = mujoco.MjData(m)
     spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
@@ -179,31 +191,37 @@ def g1_task_rollout(num_threads: int, mean_length: float, count: int,
     return step
 
 
-def measure_g1(quick: bool, num_threads: int, rounds: int, seconds: float) -> dict[str, float]:
+def measure_g1(quick: bool, num_threads: int, rounds: int, seconds: float,
+               timestep: float | None = None) -> dict[str, float]:
+    """The G1 rows at the task's default step, or at timestep (keys tagged ``_2ms`` etc.)."""
     n = 256 if quick else 1024
     rng = np.random.default_rng(0)
     acts = _actions(rng, n, -np.ones(29), np.ones(29))
+    params = _g1_params(timestep)
     # copy=False: the zero-copy path a collector takes (its ring slots are passed as out=)
-    pool = TaskVectorEnv("g1-walk-flat", n, num_threads, copy=False)
+    pool = TaskVectorEnv("g1-walk-flat", n, num_threads, copy=False, params=params)
     pool.reset(seed=0)
-    pool1 = TaskVectorEnv("g1-walk-flat", n // 4, 1, copy=False)
+    pool1 = TaskVectorEnv("g1-walk-flat", n // 4, 1, copy=False, params=params)
     pool1.reset(seed=0)
     mean_length = _mean_episode_length(pool1, [a[: n // 4] for a in acts],
                                        40 if quick else 200)
-    batch = _BatchG1(n, num_threads)
+    batch = _BatchG1(n, num_threads, timestep=timestep)
     best = _interleave({
         "pool": _cycling(pool.step, acts, n),
         "batch": _cycling(batch.step, acts, n),
         "pool1": _cycling(pool1.step, [a[: n // 4] for a in acts], n // 4),
         "rollout": g1_task_rollout(num_threads, min(mean_length, 100.0), 4 if quick else 16,
-                                   rng),
+                                   rng, timestep),
     }, rounds, seconds)
-    return {"pool_task_env_steps_per_s": best["pool"],
-            "batch_task_env_steps_per_s": best["batch"],
-            "task_workload_limit_env_steps_per_s": best["rollout"],
-            "pool_task_vs_workload_limit": best["pool"] / best["rollout"],
-            "pool_task_1thread_vs_rollout": best["pool1"] * num_threads / best["rollout"],
-            "task_mean_episode_length": mean_length, "task_num_envs": n}
+    t = "" if timestep is None else f"_{timestep * 1000:g}ms"
+    return {f"pool_task{t}_env_steps_per_s": best["pool"],
+            f"batch_task{t}_env_steps_per_s": best["batch"],
+            f"task{t}_workload_limit_env_steps_per_s": best["rollout"],
+            f"pool_task{t}_vs_workload_limit": best["pool"] / best["rollout"],
+            f"pool_task{t}_1thread_vs_rollout": best["pool1"] * num_threads / best["rollout"],
+            f"task{t}_mean_episode_length": mean_length,
+            f"task{t}_timestep": float(pool.model.opt.timestep),
+            f"task{t}_frame_skip": pool.spec.frame_skip, "task_num_envs": n}
 
 
 # ---------------------------------------------------------------------------- gymnasium
@@ -320,14 +338,18 @@ def measure_tasks(quick: bool, num_threads: int, limit_substeps_per_s: float) ->
     rounds, seconds = (3, 0.3) if quick else (3, 2.0)
     out: dict[str, float] = {}
     out.update(measure_g1(quick, num_threads, rounds, seconds))
+    out.update(measure_g1(quick, num_threads, rounds, seconds, timestep=OLD_TIMESTEP))
     for key in GYM_ENVS:
         out.update(measure_gym_env(key, quick, num_threads, rounds, seconds * 0.6))
-    limit = limit_substeps_per_s / 10
-    out["task_limit_env_steps_per_s"] = limit
-    out["pool_task_vs_limit"] = out["pool_task_env_steps_per_s"] / limit
-    out["pool_task_vs_workload_limit"] = out.pop("pool_task_vs_workload_limit")
-    out["pool_task_vs_batch"] = (out["pool_task_env_steps_per_s"]
-                                 / out["batch_task_env_steps_per_s"])
+    # limit_substeps_per_s: a rollout's substeps/s, over each step's substeps per env step (from
+    # the standing pose a substep costs about the same at 2 and 5 ms: docs/unilab/tasks.md)
+    for t in ("", "_2ms"):
+        limit = limit_substeps_per_s / out[f"task{t}_frame_skip"]
+        out[f"task{t}_limit_env_steps_per_s"] = limit
+        out[f"pool_task{t}_vs_limit"] = out[f"pool_task{t}_env_steps_per_s"] / limit
+        out[f"pool_task{t}_vs_workload_limit"] = out.pop(f"pool_task{t}_vs_workload_limit")
+        out[f"pool_task{t}_vs_batch"] = (out[f"pool_task{t}_env_steps_per_s"]
+                                         / out[f"batch_task{t}_env_steps_per_s"])
     return out
 
 

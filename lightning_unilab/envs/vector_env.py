@@ -267,7 +267,9 @@ class TaskVectorEnv:
             self.name = info.name
             clean = _check_params(params)
             self._params = clean
-            self.pool = BatchEnvPool(info.load_model(), num_envs, num_threads)
+            # model-level params (g1-walk-flat's timestep) go into the model here: the C++
+            # task sees it const and checks it
+            self.pool = BatchEnvPool(info.load_model(clean), num_envs, num_threads)
             self._core = _core.TaskEnv(self.pool.core, info.name, clean,
                                        autoreset == "same_step")
             self.spec = TaskSpec.from_dict(self._core.spec)
@@ -276,6 +278,8 @@ class TaskVectorEnv:
         else:
             raise TypeError(f"task: expected a task name, a task class or a NumpyTask, got "
                             f"{type(task).__name__}")
+        # model fields set by task parameters (g1-walk-flat: opt.timestep): fixed per task
+        self._task_fields = tasks.model_param_fields(self.name)
         self.num_envs = self.pool.num_envs
         self.buffers = StepBuffers.allocate(self.num_envs, self.spec)
         self._all = np.arange(self.num_envs)
@@ -392,18 +396,22 @@ class TaskVectorEnv:
                         "returns": self._return.copy(), "lengths": self._length.copy(),
                         "pending": self._pending.astype(np.uint8)}
         return {"task": self.name, "num_envs": self.num_envs, "autoreset": self.autoreset,
+                "timestep": float(self.model.opt.timestep),
                 "pool": self.pool.get_state(), "episodes": episodes,
                 "randomization_rng": json.dumps(self._np_rng.bit_generator.state)}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Continue from :meth:`get_state` of an env of the same task, num_envs and autoreset.
+        """Continue from :meth:`get_state` of an env of the same task, num_envs, autoreset and
+        physics step (``timestep``, where the state has it).
         Everything is checked first: ValueError naming the entry that does not fit."""
         self._check_open()
         if not isinstance(state, Mapping):
             raise TypeError(f"state: expected the mapping of get_state(), got "
                             f"{type(state).__name__}")
-        for key, want in (("task", self.name), ("num_envs", self.num_envs),
-                          ("autoreset", self.autoreset)):
+        checks = [("task", self.name), ("num_envs", self.num_envs), ("autoreset", self.autoreset)]
+        if "timestep" in state:  # (states saved before it was kept have none)
+            checks.append(("timestep", float(self.model.opt.timestep)))
+        for key, want in checks:
             if state.get(key) != want:
                 raise ValueError(f"state[{key!r}]: saved from an env with {key} "
                                  f"{state.get(key)!r}, this one has {want!r}")
@@ -522,6 +530,11 @@ class TaskVectorEnv:
     def _randomize(self, ids: np.ndarray, keep_state: bool = False) -> None:
         assert self._randomization is not None
         fields = dict(self._randomization(self._np_rng, ids))
+        fixed = sorted(fields.keys() & self._task_fields.keys())
+        if fixed:
+            raise ValueError(f"randomization: {fixed[0]!r} is {self.name}'s task parameter "
+                             f"{self._task_fields[fixed[0]]!r} (its substeps and dt follow it): "
+                             "set it through params, not per env")
         sel = ids.astype(np.int32)
         state = self.pool.state[sel].copy() if keep_state else None
         self.pool.reset(sel, initial_state=state, randomization=fields)

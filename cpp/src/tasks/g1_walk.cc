@@ -7,6 +7,8 @@
 // substep stale), which costs no extra forward pass per control step.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -26,12 +28,17 @@ constexpr int kStep = kLastContact + 2;
 constexpr int kMemory = kStep + 1;
 constexpr int kObs = 3 + 3 + kJoints + kJoints + kJoints + 3 + 2;  // 98
 constexpr int kCritic = kObs + 3 + 1 + 2 + 2;                       // 106
+constexpr double kStepRatioTolerance = 1e-4;  // of ctrl_dt / timestep, from a whole number
 
 // g1-walk-flat's parameters and their defaults: the one table. The numpy twin
 // (lightning_unilab/envs/tasks/g1_walk.py) reads it through _core.task_defaults.
 const TaskParams& Defaults() {
   static const TaskParams defaults = {
       {"ctrl_dt", 0.02},
+      // the physics step: 4 x 5 ms per control step (Isaac Lab's G1 velocity task), not the
+      // scene's own 2 ms x 10. The model must carry it (TaskVectorEnv sets m->opt.timestep
+      // from this parameter before the pool is built); the task checks that it does.
+      {"timestep", 0.005},
       {"episode_length_s", 20.0},
       {"resample_steps", 0},
       {"action_scale", 0.5},
@@ -67,6 +74,34 @@ const TaskParams& Defaults() {
 // params[key] if given, else the table's default (every parameter read has one).
 double Param(ParamReader& p, const std::string& key) { return p.Get(key, Defaults().at(key)); }
 
+// x in the fewest digits that read back as x (0.005, not 0.0050000000000000001).
+std::string Num(double x) {
+  char buf[32];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof(buf), "%.*g", digits, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  return buf;
+}
+
+// Substeps per control step: ctrl_dt / timestep, which must be a whole number (within 1e-4,
+// so that 0.0066667 passes for ctrl_dt / 3) of at least 1. The numpy twin's frame_skip() is the
+// same rule.
+int FrameSkip(double ctrl_dt, double timestep) {
+  if (!(timestep > 0) || !std::isfinite(timestep)) {
+    throw std::invalid_argument("g1-walk-flat: timestep must be a positive number, got " +
+                                Num(timestep));
+  }
+  const double ratio = ctrl_dt / timestep;
+  const double whole = std::round(ratio);
+  if (!(whole >= 1) || !(std::abs(ratio - whole) <= kStepRatioTolerance)) {
+    throw std::invalid_argument("g1-walk-flat: ctrl_dt " + Num(ctrl_dt) + " / timestep " +
+                                Num(timestep) + " = " + Num(ratio) +
+                                " must be a whole number of substeps (>= 1)");
+  }
+  return static_cast<int>(whole);
+}
+
 class G1WalkFlat : public Task {
  public:
   G1WalkFlat(const mjModel* m, ParamReader& p) {
@@ -74,9 +109,16 @@ class G1WalkFlat : public Task {
       throw std::invalid_argument("g1-walk-flat needs the 29-DoF G1 model (nu 29, nq 36)");
     }
     const double ctrl_dt = Param(p, "ctrl_dt");
-    spec_.frame_skip = static_cast<int>(std::lround(ctrl_dt / m->opt.timestep));
-    if (spec_.frame_skip < 1) throw std::invalid_argument("g1-walk-flat: ctrl_dt < timestep");
-    dt_ = spec_.frame_skip * m->opt.timestep;
+    const double timestep = Param(p, "timestep");
+    spec_.frame_skip = FrameSkip(ctrl_dt, timestep);
+    if (m->opt.timestep != timestep) {
+      throw std::invalid_argument(
+          "g1-walk-flat: the model's opt.timestep " + Num(m->opt.timestep) +
+          " is not the task's timestep " + Num(timestep) +
+          " (set model.opt.timestep to the task's timestep before building the pool, as "
+          "TaskVectorEnv does)");
+    }
+    dt_ = spec_.frame_skip * timestep;
     spec_.max_episode_steps = static_cast<int>(std::lround(Param(p, "episode_length_s") / dt_));
     spec_.resample_steps = static_cast<int>(Param(p, "resample_steps"));
     spec_.obs_size = kObs;

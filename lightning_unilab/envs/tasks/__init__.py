@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-from collections.abc import Callable
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mujoco
@@ -20,8 +21,8 @@ from lightning_unilab.envs.assets import g1_flat_scene
 from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec, Transition
 from lightning_unilab.envs.tasks.rng import EnvRng
 
-__all__ = ["EnvRng", "NumpyTask", "TaskInfo", "TaskSpec", "Transition", "get", "load_model",
-           "task_names"]
+__all__ = ["EnvRng", "ModelParam", "NumpyTask", "TaskInfo", "TaskSpec", "Transition", "get",
+           "load_model", "model_param_fields", "set_timestep", "task_names"]
 
 
 def _package_dir(package: str, hint: str) -> Path:
@@ -42,14 +43,50 @@ def g1_xml() -> Path:
     return g1_flat_scene()
 
 
+def set_timestep(model: mujoco.MjModel, timestep: float) -> None:
+    """A task's ``timestep`` parameter: the physics step, model.opt.timestep."""
+    if not (math.isfinite(timestep) and timestep > 0):
+        raise ValueError(f"timestep: expected a positive number of seconds, got {timestep!r}")
+    model.opt.timestep = timestep
+
+
+@dataclass(frozen=True)
+class ModelParam:
+    """A task parameter that lives in the model: the model field it sets (which a per-env
+    randomization must then leave alone) and how it sets it (validating the value)."""
+
+    field: str
+    apply: Callable[[mujoco.MjModel, float], None]
+
+
+TIMESTEP = ModelParam("opt.timestep", set_timestep)
+
+
 @dataclass(frozen=True)
 class TaskInfo:
+    """A registered task: its model's XML, its numpy twin (if any), and its model-level
+    parameters.
+
+    ``model_params``: task parameters that live in the model, not in the task: {name:
+    ModelParam}. A C++ task gets a const mjModel, so :meth:`load_model` applies them (the given
+    value, else the C++ table's default) before the pool is built, and the task checks that the
+    model carries them (g1-walk-flat's ``timestep``: model.opt.timestep).
+    """
+
     name: str
     xml: Callable[[], Path]
     numpy_task: Callable[[], NumpyTask] | None = None
+    model_params: Mapping[str, ModelParam] = field(default_factory=dict)
 
-    def load_model(self) -> mujoco.MjModel:
-        return compile_without_settotalmass(self.xml())
+    def load_model(self, params: Mapping[str, float] | None = None) -> mujoco.MjModel:
+        """The task's model with its model-level parameters applied (params over the defaults;
+        the other entries of params are the task's and ignored here)."""
+        model = compile_without_settotalmass(self.xml())
+        if self.model_params:
+            values = {**_core.task_defaults(self.name), **(params or {})}
+            for key, param in self.model_params.items():
+                param.apply(model, float(values[key]))
+        return model
 
 
 def compile_without_settotalmass(path: Path) -> mujoco.MjModel:
@@ -85,8 +122,16 @@ _TASKS: dict[str, TaskInfo] = {
     "Humanoid-v5": TaskInfo("Humanoid-v5", lambda: gym_xml("humanoid.xml")),
     "InvertedPendulum-v5": TaskInfo("InvertedPendulum-v5",
                                     lambda: gym_xml("inverted_pendulum.xml")),
-    "g1-walk-flat": TaskInfo("g1-walk-flat", g1_xml, _g1_numpy),
+    "g1-walk-flat": TaskInfo("g1-walk-flat", g1_xml, _g1_numpy,
+                             model_params={"timestep": TIMESTEP}),
 }
+
+
+def model_param_fields(name: str) -> dict[str, str]:
+    """{model field: task parameter} of the registered task called name ({} if none or not
+    registered): fields that a per-env randomization may not change under the task."""
+    info = _TASKS.get(name)
+    return {p.field: key for key, p in info.model_params.items()} if info else {}
 
 
 def task_names() -> list[str]:
@@ -103,8 +148,9 @@ def get(name: str) -> TaskInfo:
     return _TASKS[name]
 
 
-def load_model(name: str) -> mujoco.MjModel:
-    return get(name).load_model()
+def load_model(name: str, params: Mapping[str, float] | None = None) -> mujoco.MjModel:
+    """The model of the task called name, its model-level params applied (TaskInfo)."""
+    return get(name).load_model(params)
 
 
 def cpp_task_names() -> list[str]:

@@ -10,6 +10,8 @@ unchanged from the hand-written form: the twin's outputs are bit-identical).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,6 +40,22 @@ OBS = 3 + 3 + 3 * JOINTS + 3 + 2  # 98
 CRITIC = OBS + 3 + 1 + 2 + 2  # 106
 
 
+STEP_RATIO_TOLERANCE = 1e-4  # of ctrl_dt / timestep from a whole number, as in C++
+
+
+def frame_skip(ctrl_dt: float, timestep: float) -> int:
+    """Substeps per control step, ctrl_dt / timestep: a whole number (within 1e-4, so that
+    0.0066667 passes for ctrl_dt / 3) of at least 1, else ValueError (C++'s FrameSkip)."""
+    if not (math.isfinite(timestep) and timestep > 0):
+        raise ValueError(f"g1-walk-flat: timestep must be a positive number, got {timestep!r}")
+    ratio = ctrl_dt / timestep
+    whole = round(ratio) if math.isfinite(ratio) else 0
+    if whole < 1 or abs(ratio - whole) > STEP_RATIO_TOLERANCE:
+        raise ValueError(f"g1-walk-flat: ctrl_dt {ctrl_dt!r} / timestep {timestep!r} = {ratio!r} "
+                         "must be a whole number of substeps (>= 1)")
+    return whole
+
+
 @dataclass(frozen=True)
 class G1Params:
     """The C++ task's parameters (same names). Their defaults live in one table in
@@ -45,6 +63,7 @@ class G1Params:
     cannot drift from the task it mirrors."""
 
     ctrl_dt: float
+    timestep: float  # the physics step, model.opt.timestep: ctrl_dt / timestep substeps
     episode_length_s: float
     resample_steps: float
     action_scale: float
@@ -96,17 +115,22 @@ class G1WalkFlat(NumpyTask):
         self._model: mujoco.MjModel | None = None
 
     def model(self) -> mujoco.MjModel:
+        """The G1 scene at the task's ``timestep``: the same model TaskVectorEnv builds for the
+        C++ task (the registry's TaskInfo.load_model applies it)."""
         if self._model is None:
-            from lightning_unilab.envs.tasks import g1_xml
+            from lightning_unilab.envs import tasks
 
-            self._model = mujoco.MjModel.from_xml_path(str(g1_xml()))
+            self._model = tasks.get(G1WalkFlat.name).load_model(dataclasses.asdict(self.p))
             self._setup(self._model)
         return self._model
 
     def _setup(self, m: mujoco.MjModel) -> None:
         p = self.p
-        self.frame_skip = max(1, round(p.ctrl_dt / m.opt.timestep))
-        self.dt = self.frame_skip * m.opt.timestep
+        self.frame_skip = frame_skip(p.ctrl_dt, p.timestep)
+        if m.opt.timestep != p.timestep:
+            raise ValueError(f"g1-walk-flat: the model's opt.timestep {m.opt.timestep!r} is not "
+                             f"the task's timestep {p.timestep!r}")
+        self.dt = self.frame_skip * p.timestep
         key = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_KEY, "knees_bent")
         self.robot = terms.Robot.from_model(m, keyframe=key if key >= 0 else None)
         self.home = self.robot.default_qpos

@@ -1,0 +1,131 @@
+"""Is g1-walk-flat stable at a longer physics step? Instability truncations per million env steps.
+
+The C++ task at each physics step (timestep 0.002 x 10, 0.005 x 4, 0.02/3 x 3 substeps per 20 ms
+control step), with the G1 recipe's randomization (recipes/unilab/g1_walk_flat.yaml: friction
+U(0.4, 1.0), link masses x U(0.9, 1.1), kp x U(0.9, 1.1), drawn per env and episode), under
+uniform random actions in [-1, 1] (the untrained policy's worst case: falls every ~1.5 s) and
+under zero actions (standing at the home pose).
+
+An env whose substeps raise a MuJoCo warning (BADQACC, BADQVEL, ... : a diverging simulation) is
+rolled back by the pool and its episode truncated, with the warning bits in ``info["status"]``
+(:mod:`lightning_unilab.envs.vector_env`); those truncations are the instability count. Also
+counted: rows with a non-finite observation (none should get past the rollback) and steps whose
+largest joint speed exceeds ``--qvel-limit`` rad/s (a finite but exploding state the warnings
+miss), with falls and mean episode length for context.
+
+    python benchmarks/g1_step_stability.py [--quick] --out build/g1_step_stability.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+from lightning_unilab.envs.pool import describe_status
+from lightning_unilab.envs.randomization import G1Randomization
+from lightning_unilab.envs.vector_env import TaskVectorEnv
+
+CTRL_DT = 0.02
+TIMESTEPS = {"2ms": 0.002, "5ms": 0.005, "6.67ms": CTRL_DT / 3}
+RECIPE_RANDOMIZATION = {"friction": (0.4, 1.0), "mass_scale": (0.9, 1.1), "kp_scale": (0.9, 1.1)}
+
+
+def run(timestep: float, actions: str, num_envs: int, steps: int, threads: int, seed: int,
+        qvel_limit: float) -> dict:
+    """One configuration: num_envs x steps env steps; counts and rates per million env steps."""
+    env = TaskVectorEnv("g1-walk-flat", num_envs, threads, params={"timestep": timestep},
+                        randomization=G1Randomization(**RECIPE_RANDOMIZATION), seed=seed,
+                        copy=False)
+    env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    zero = np.zeros((num_envs, env.spec.action_size))
+    unstable = nonfinite = fast = falls = time_limits = ended = length_sum = 0
+    speeds = np.empty((steps, num_envs))  # each step's largest joint speed per env
+    warnings: dict[str, int] = {}
+    start = time.perf_counter()
+    for k in range(steps):
+        act = rng.uniform(-1, 1, zero.shape) if actions == "random" else zero
+        obs, _, term, trunc, info = env.step(act)
+        status = info["status"]
+        bad = trunc & (status != 0)
+        unstable += int(bad.sum())
+        for bits in status[bad]:
+            for name in describe_status(int(bits)):
+                warnings[name] = warnings.get(name, 0) + 1
+        time_limits += int((trunc & (status == 0)).sum())
+        nonfinite += int((~np.isfinite(obs).all(axis=1)).sum())
+        speeds[k] = np.abs(env.pool.qvel[:, 6:]).max(axis=1)
+        fast += int((speeds[k] > qvel_limit).sum())
+        falls += int(term.sum())
+        done = info["done"]
+        ended += int(done.sum())
+        length_sum += int(info["episode_length"][done].sum())
+    seconds = time.perf_counter() - start
+    env.close()
+    total = num_envs * steps
+    per_m = 1e6 / total
+    return {
+        "timestep": timestep, "frame_skip": env.spec.frame_skip, "actions": actions,
+        "env_steps": total, "seconds": seconds, "env_steps_per_s": total / seconds,
+        "unstable_truncations": unstable, "unstable_per_million": unstable * per_m,
+        "warnings": warnings, "nonfinite_obs_rows": nonfinite,
+        "fast_joint_steps": fast, "fast_joint_per_million": fast * per_m,
+        "joint_speed_p50": float(np.median(speeds)),
+        "joint_speed_p999": float(np.quantile(speeds, 0.999)),
+        "joint_speed_max": float(speeds.max()),
+        "falls": falls, "falls_per_million": falls * per_m, "time_limits": time_limits,
+        "mean_episode_length": length_sum / ended if ended else float(steps),
+    }
+
+
+def _table(rows: list[dict]) -> str:
+    head = (f"{'step':>8} {'x':>2} {'actions':>7} {'env steps':>10} {'unstable/M':>10} "
+            f"{'nonfinite':>9} {'fast/M':>8} {'|qd| p99.9':>10} {'|qd| max':>8} {'falls/M':>9} "
+            f"{'ep len':>7} {'steps/s':>8}  warnings")
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r['timestep'] * 1000:7.3g}m {r['frame_skip']:>2} {r['actions']:>7} "
+            f"{r['env_steps']:>10,} {r['unstable_per_million']:>10.1f} "
+            f"{r['nonfinite_obs_rows']:>9} {r['fast_joint_per_million']:>8.1f} "
+            f"{r['joint_speed_p999']:>10.1f} {r['joint_speed_max']:>8.1f} "
+            f"{r['falls_per_million']:>9.0f} {r['mean_episode_length']:>7.1f} "
+            f"{r['env_steps_per_s']:>8,.0f}  {r['warnings'] or '-'}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="32 envs x 100 steps per run")
+    parser.add_argument("--num-envs", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=200, help="env steps per env and run")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--timesteps", default=",".join(TIMESTEPS),
+                        help=f"comma-separated names of {list(TIMESTEPS)}")
+    parser.add_argument("--qvel-limit", type=float, default=100.0,
+                        help="joint speed (rad/s) counted as an exploding state")
+    parser.add_argument("--actions", default="random,zero", help="random, zero or both")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args()
+    num_envs, steps = (32, 100) if args.quick else (args.num_envs, args.steps)
+    rows = []
+    for name in args.timesteps.split(","):
+        for actions in args.actions.split(","):
+            rows.append(run(TIMESTEPS[name], actions, num_envs, steps, args.threads, args.seed,
+                            args.qvel_limit))
+            print(_table(rows[-1:]).splitlines()[-1], flush=True)
+    print(_table(rows))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"num_envs": num_envs, "steps": steps, "threads": args.threads,
+                       "randomization": RECIPE_RANDOMIZATION, "qvel_limit": args.qvel_limit,
+                       "runs": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
