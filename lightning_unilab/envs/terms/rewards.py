@@ -117,6 +117,29 @@ def feet_swing_height(foot_z: np.ndarray, phase: np.ndarray, swing_height: float
     return tracking_kernel((err * err).sum(axis=1), sigma)
 
 
+def swing_target_bezier(phase: np.ndarray, swing_height: float) -> np.ndarray:
+    """(n, k): MuJoCo Playground's G1 swing target, a foot height for every phase (no stance):
+    with x = ((phase + pi) mod 2 pi) / (2 pi) in [0, 1), it rises from 0 at x = 0 to
+    swing_height at x = 1/2 and falls back to 0 at x = 1, along the cubic Bezier
+    a + (b - a) (u^3 + 3 u^2 (1 - u)) with u = 2x, then 2x - 1. The C++ twin is g1_walk.cc's
+    SwingTarget (same operations, in the same order)."""
+    phi = np.mod(phase + np.pi, 2 * np.pi) - np.pi
+    x = (phi + np.pi) / (2 * np.pi)
+    rising = x <= 0.5
+    u = np.where(rising, 2 * x, 2 * x - 1)
+    bezier = u * u * u + 3 * u * u * (1 - u)
+    return np.where(rising, swing_height * bezier, swing_height - swing_height * bezier)
+
+
+def feet_phase(foot_z: np.ndarray, phase: np.ndarray, swing_height: float,
+               sigma: float) -> np.ndarray:
+    """(n,): exp(-sum over feet (foot_z - target)^2 / sigma) against
+    :func:`swing_target_bezier`: the feet lift and land to the gait clock. foot_z (n, k): each
+    foot's height above the floor (0 standing)."""
+    err = foot_z - swing_target_bezier(phase, swing_height)
+    return tracking_kernel((err * err).sum(axis=1), sigma)
+
+
 def feet_contact_phase(contact: np.ndarray, phase: np.ndarray) -> np.ndarray:
     """(n,): the number of feet whose contact agrees with the gait clock (in contact during
     stance, in the air during swing)."""
