@@ -124,6 +124,9 @@ class APPOModule(pl.LightningModule):
     Args:
         actor_hidden, critic_hidden, activation, init_log_std, normalize_obs: the
             :class:`ActorCritic` built in ``setup`` from the data module's ``env_spec``.
+        obs_clip, obs_eps: of its observation normalizers: the clip of the z-scores (None:
+            none) and the variance floor (rsl_rl divides by std + 0.01, about ``obs_eps`` 1e-4,
+            and does not clip).
         obs_size, critic_size, action_size: optional; if given they must match the task.
         policy: a ready :class:`ActorCritic` to train instead of building one.
         gamma: discount. gae_lambda: the lambda of V-trace (GAE when on-policy).
@@ -153,6 +156,8 @@ class APPOModule(pl.LightningModule):
             one passes ``kl_stop * desired_kl`` the actor step that crossed it is undone and the
             rest of the update trains the critic only (None: off).
         epochs, minibatches: passes over the slot and minibatches per pass.
+        reshuffle_each_epoch: draw a new minibatch partition for every pass (False: one
+            partition for all passes, as rsl_rl does).
         max_grad_norm: global gradient-norm clip (None: off).
         max_policy_lag: skip slots whose weights are more than this many updates old (None: off).
         target_network: keep an IMPACT target policy (updated every ``target_update_interval``
@@ -168,6 +173,8 @@ class APPOModule(pl.LightningModule):
         activation: str = "elu",
         init_log_std: float = 0.0,
         normalize_obs: bool = True,
+        obs_clip: float | None = 5.0,
+        obs_eps: float = 1e-8,
         obs_size: int | None = None,
         critic_size: int | None = None,
         action_size: int | None = None,
@@ -192,6 +199,7 @@ class APPOModule(pl.LightningModule):
         kl_stop: float | None = 2.0,
         epochs: int = 5,
         minibatches: int = 4,
+        reshuffle_each_epoch: bool = True,
         max_grad_norm: float | None = 1.0,
         max_policy_lag: int | None = None,
         target_network: bool = False,
@@ -204,6 +212,8 @@ class APPOModule(pl.LightningModule):
         hidden_sizes("actor_hidden", actor_hidden)
         hidden_sizes("critic_hidden", critic_hidden)
         check_activation(activation)
+        positive_number("obs_clip", obs_clip, none_ok=True)
+        positive_number("obs_eps", obs_eps)
         probability("gamma", gamma)
         probability("gae_lambda", gae_lambda)
         positive_number("rho_bar", rho_bar)
@@ -224,6 +234,7 @@ class APPOModule(pl.LightningModule):
             number("lr_max", lr_max, low=lr_min)
         positive_int("epochs", epochs)
         positive_int("minibatches", minibatches)
+        one_of("reshuffle_each_epoch", reshuffle_each_epoch, (True, False))
         positive_number("max_grad_norm", max_grad_norm, none_ok=True)
         non_negative_int("max_policy_lag", max_policy_lag, none_ok=True)
         positive_int("target_update_interval", target_update_interval)
@@ -267,7 +278,8 @@ class APPOModule(pl.LightningModule):
         hp = self.hparams
         return ActorCritic(*sizes, actor_hidden=tuple(hp.actor_hidden),
                            critic_hidden=tuple(hp.critic_hidden), activation=hp.activation,
-                           init_log_std=hp.init_log_std, normalize_obs=hp.normalize_obs)
+                           init_log_std=hp.init_log_std, normalize_obs=hp.normalize_obs,
+                           obs_clip=hp.obs_clip, obs_eps=hp.obs_eps)
 
     def _explicit_sizes(self) -> tuple[int, int, int]:
         hp = self.hparams
@@ -458,8 +470,10 @@ class APPOModule(pl.LightningModule):
         actor_steps = 0
         per_minibatch = hp.adaptive_lr and hp.adapt_lr_every == "minibatch"
         history: list[Tensor] = []
+        perm = None
         for _ in range(hp.epochs):
-            perm = torch.randperm(size, generator=self._shuffler()).to(slot.obs.device)
+            if perm is None or hp.reshuffle_each_epoch:
+                perm = torch.randperm(size, generator=self._shuffler()).to(slot.obs.device)
             for i in range(hp.minibatches):
                 terms = self.loss_terms(slot, perm[i * mb:(i + 1) * mb])
                 if guard is not None and overshoot is None and before is not None:

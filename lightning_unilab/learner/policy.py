@@ -14,7 +14,13 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Normal
 
-from lightning_omnilab.validate import ArgumentTypeError, fail, one_of, positive_int
+from lightning_omnilab.validate import (
+    ArgumentTypeError,
+    fail,
+    one_of,
+    positive_int,
+    positive_number,
+)
 
 __all__ = ["ActorCritic", "ObsNormalizer", "RunningMoments", "ValueNormalizer", "mlp"]
 
@@ -87,17 +93,22 @@ class RunningMoments(nn.Module):
 
 
 class ObsNormalizer(RunningMoments):
-    """Observations as a clipped z-score under the running statistics."""
+    """Observations as a z-score under the running statistics, clipped at ``clip`` (None: not
+    clipped); ``eps`` is added to the variance, so sqrt(eps) floors the std that a rarely
+    moving input (a contact force that is mostly 0) is divided by."""
 
-    def __init__(self, size: int, clip: float = 5.0, eps: float = 1e-8) -> None:
+    def __init__(self, size: int, clip: float | None = 5.0, eps: float = 1e-8) -> None:
         super().__init__(size)
+        positive_number("obs_clip", clip, none_ok=True)
+        positive_number("obs_eps", eps)
         self.clip = clip
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
         mean = self.mean.to(x.dtype)
         std = (self.var + self.eps).sqrt().to(x.dtype)
-        return ((x - mean) / std).clamp(-self.clip, self.clip)
+        z = (x - mean) / std
+        return z if self.clip is None else z.clamp(-self.clip, self.clip)
 
 
 class ValueNormalizer(RunningMoments):
@@ -155,6 +166,8 @@ class ActorCritic(nn.Module):
         activation: str = "elu",
         init_log_std: float = 0.0,
         normalize_obs: bool = True,
+        obs_clip: float | None = 5.0,
+        obs_eps: float = 1e-8,
     ) -> None:
         super().__init__()
         for name, value in (("obs_size", obs_size), ("critic_size", critic_size),
@@ -162,8 +175,8 @@ class ActorCritic(nn.Module):
             positive_int(name, value)
         self.obs_size, self.critic_size, self.action_size = obs_size, critic_size, action_size
         self.normalize_obs = normalize_obs
-        self.obs_normalizer = ObsNormalizer(obs_size)
-        self.critic_normalizer = ObsNormalizer(critic_size)
+        self.obs_normalizer = ObsNormalizer(obs_size, obs_clip, obs_eps)
+        self.critic_normalizer = ObsNormalizer(critic_size, obs_clip, obs_eps)
         self.value_normalizer = ValueNormalizer()
         self.actor = mlp(obs_size, hidden_sizes("actor_hidden", actor_hidden), action_size,
                          activation)

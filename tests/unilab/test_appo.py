@@ -137,6 +137,37 @@ def test_value_normalizer_is_the_identity_until_used():
     assert torch.equal(norm.normalize(v), v) and torch.equal(norm.denormalize(v), v)
 
 
+def test_obs_normalizer_clip_and_variance_floor_closed_form():
+    # statistics: mean (1, 0), variance (4, 0): the second input never moved
+    policy = ActorCritic(2, 2, 1, actor_hidden=(), critic_hidden=())
+    policy.obs_normalizer.update_moments(10, torch.tensor([1.0, 0.0]), torch.tensor([4.0, 0.0]))
+    x = torch.tensor([[21.0, 0.5]])
+    z = policy.obs_normalizer(x)
+    assert z.tolist() == [[5.0, 5.0]]  # (21-1)/2 = 10 and 0.5/1e-4 = 5000, both clipped at 5
+    floored = ActorCritic(2, 2, 1, actor_hidden=(), critic_hidden=(), obs_clip=None,
+                          obs_eps=1e-4)
+    floored.obs_normalizer.update_moments(10, torch.tensor([1.0, 0.0]), torch.tensor([4.0, 0.0]))
+    z = floored.obs_normalizer(x)[0]
+    assert z[0].item() == pytest.approx(20.0 / math.sqrt(4.0 + 1e-4))  # not clipped
+    assert z[1].item() == pytest.approx(50.0)  # 0.5 / sqrt(1e-4): the std's floor is 0.01
+    assert floored.critic_normalizer.clip is None and floored.critic_normalizer.eps == 1e-4
+
+
+@pytest.mark.parametrize(("name", "value"), [("obs_clip", 0.0), ("obs_eps", -1e-8),
+                                             ("obs_clip", "5")])
+def test_obs_normalizer_arguments_checked(name, value):
+    with pytest.raises((ValueError, TypeError), match=name):
+        APPOModule(**{name: value})
+
+
+def test_module_builds_its_policy_with_the_normalizer_settings():
+    module = APPOModule(actor_hidden=(4,), critic_hidden=(4,), obs_size=3, action_size=1,
+                        obs_clip=None, obs_eps=1e-4)
+    module.setup("fit")
+    assert module.policy.obs_normalizer.clip is None
+    assert module.policy.critic_normalizer.eps == 1e-4
+
+
 # ---------------------------------------------------------------- the module's targets
 
 
@@ -228,6 +259,29 @@ def test_one_update_changes_parameters_and_lowers_the_loss(pendulum_batch):
     assert module.policy.obs_normalizer.count.item() == 16 * 16
     torch.testing.assert_close(module.policy.obs_normalizer.mean,
                                batch["obs"].reshape(-1, 4).double().mean(0))
+
+
+@pytest.mark.parametrize("reshuffle", [True, False])
+def test_minibatch_partition_per_epoch_or_per_update(pendulum_batch, reshuffle):
+    policy, batch, spec = pendulum_batch
+    module = APPOModule(policy=_copy(policy), reshuffle_each_epoch=reshuffle, kl_stop=None,
+                        **{**SMALL, "epochs": 3, "minibatches": 4})
+    seen: list[frozenset[int]] = []
+    loss_terms = module.loss_terms
+
+    def recording(slot, idx=None):
+        if idx is not None:
+            seen.append(frozenset(idx.tolist()))
+        return loss_terms(slot, idx)
+
+    module.loss_terms = recording
+    _fit(module, FixedBatches([batch], spec))
+    assert len(seen) == 12 and all(len(mb) == 16 * 16 // 4 for mb in seen)
+    epochs = [seen[i:i + 4] for i in (0, 4, 8)]
+    for parts in epochs:  # each pass covers the slot once
+        assert frozenset().union(*parts) == frozenset(range(256))
+    same = epochs[0] == epochs[1] == epochs[2]
+    assert same is not reshuffle
 
 
 def _copy(policy: ActorCritic) -> ActorCritic:
