@@ -23,6 +23,10 @@ algorithm builds its envs, processes and networks, so start-up costs count.
 The curve's return at each point is the mean undiscounted return of the latest completed
 training episodes (at least the last 10; episodes that end together count together), measured
 the same way for all four from each algorithm's own training episodes (stochastic policy).
+``--evaluate DIR`` then runs the recipe's evaluation episode (its ``EvaluationRollout`` settings:
+length, seed, task parameters; deterministic) on each run's final policy, rsl_rl's through
+``RslRlActor``, and writes ``DIR/<algo>_seed<seed>/episode.{json,png}``; the run's record gets
+its return, length, fall and tracking errors (``evaluation``).
 ``time_to_threshold_s`` is the first wall time at which it reaches the task's threshold (null if
 never within the budget). JSON: ``{"runs": [{"algo", "seed", "curve": [[wall_s, env_steps,
 return], ...], "time_to_threshold_s", ...}], "config": {...}}``.
@@ -107,8 +111,11 @@ def load_recipe(task: str, recipe: str | None = None,
 
     # "rsl_rl": settings of the rsl_rl baseline itself: torch_threads, and any key of its
     # algorithm config (desired_kl, learning_rate, ...) to sweep it apart from the recipe
+    evaluation = [args(cb) for cb in (cfg.get("trainer") or {}).get("callbacks") or []
+                  if isinstance(cb, dict) and str(cb.get("class_path", "")).endswith(
+                      "EvaluationRollout")]
     out = {"path": str(path), "model": args(cfg.get("model")), "data": args(cfg.get("data")),
-           "rsl_rl": {}}
+           "rsl_rl": {}, "evaluation": evaluation[0] if evaluation else {}}
     for item in overrides or []:
         key, sep, value = item.partition("=")
         section, dot, name = key.partition(".")
@@ -196,7 +203,7 @@ def run_lightning(task: str, mode: str, seed: int, budget_s: float, curve: Curve
             "collector_threads": dm.config.threads,
             "lr_at_floor_fraction": floor / len(lrs) if lrs else None,
             "first_update_kl": last["kl"][0] if last["kl"] else None,
-            "desired_kl": hp.desired_kl, "error": error}
+            "desired_kl": hp.desired_kl, "error": error, "_policy": module.policy}
 
 
 def run_sb3(task: str, seed: int, budget_s: float, curve: Curve,
@@ -274,7 +281,7 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
     import torch
     from rsl_rl.runners import OnPolicyRunner
 
-    from lightning_unilab.integrations.rsl_rl import RslRlVecEnv
+    from lightning_unilab.integrations.rsl_rl import RslRlActor, RslRlVecEnv
 
     # the pool steps on 2 threads; updates take turns with it (--set rsl_rl.torch_threads=2)
     torch.set_num_threads(int(recipe.get("rsl_rl", {}).get("torch_threads", 1)))
@@ -283,6 +290,8 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
     d = recipe["data"]
     num_envs, horizon = int(d.get("num_envs", 64)), int(d.get("horizon", 32))
     kwargs = _instantiate(dict(d.get("task_kwargs") or {}))
+    if d.get("randomization") is not None:  # as the recipe's data module trains
+        kwargs["randomization"] = _instantiate(d["randomization"])
 
     class Stop(Exception):
         pass
@@ -322,13 +331,31 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
         runner.learn(10**9)
     except Stop:
         pass
+    policy = RslRlActor(runner.get_inference_policy(), env)
     env.close()
     return {"env_steps": env.steps, "num_envs": num_envs, "horizon": horizon,
-            "rsl_rl_algorithm": cfg["algorithm"]}
+            "rsl_rl_algorithm": cfg["algorithm"], "_policy": policy}
+
+
+def evaluate_run(policy: Any, task: str, recipe: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """The recipe's end-of-training evaluation episode (EvaluationRollout's settings) of a
+    run's final policy."""
+    from lightning_unilab.evaluate import evaluate_policy, evaluation_task_kwargs
+
+    ev, d = recipe.get("evaluation") or {}, recipe["data"]
+    kwargs = _instantiate(dict(d.get("task_kwargs") or {}))
+    if ev.get("randomize") and d.get("randomization") is not None:
+        kwargs["randomization"] = _instantiate(d["randomization"])
+    kwargs = evaluation_task_kwargs(kwargs, bool(ev.get("randomize")), ev.get("task_params"))
+    summary = evaluate_policy(policy, _recipe_task(task, recipe), out_dir, kwargs,
+                              seed=int(ev.get("seed", 0)), max_steps=ev.get("max_steps"),
+                              video=False)
+    return {k: summary.get(k) for k in ("return", "length", "terminated", "tracking", "plot")}
 
 
 def run_one(algo: str, task: str, seed: int, budget_s: float, recipe_path: str | None,
-            stop_at_threshold: bool, overrides: list[str] | None = None) -> dict[str, Any]:
+            stop_at_threshold: bool, overrides: list[str] | None = None,
+            evaluate_dir: str | None = None) -> dict[str, Any]:
     curve = Curve(THRESHOLDS.get(task))
     recipe = load_recipe(task, recipe_path, overrides) if algo != "sb3_ppo" else None
     if algo in ("appo", "sync_ppo"):
@@ -340,6 +367,13 @@ def run_one(algo: str, task: str, seed: int, budget_s: float, recipe_path: str |
         extra = run_rsl_rl(task, seed, budget_s, curve, recipe, stop_at_threshold)
     else:
         raise ValueError(f"algo: expected one of {ALGOS}, got {algo!r}")
+    policy = extra.pop("_policy", None)
+    if evaluate_dir is not None:
+        if policy is None:
+            raise ValueError(f"--evaluate: {algo} runs are not evaluated (its policy is not an "
+                             "ActorCritic or an rsl_rl actor)")
+        extra["evaluation"] = evaluate_run(policy, task, recipe,
+                                           Path(evaluate_dir) / f"{algo}_seed{seed}")
     return {"algo": algo, "seed": seed, "task": task, "budget_s": budget_s,
             "wall_s": round(curve.elapsed(), 3), "episodes": curve.episodes,
             "curve": curve.points, "time_to_threshold_s": curve.time_to_threshold,
@@ -547,6 +581,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a seconds-long smoke run: budget 8 s, 1 seed, no plot")
     parser.add_argument("--plot-run", metavar="LOG_DIR",
                         help="plot a recipe run's TensorBoard curves into --out (a PNG) and stop")
+    parser.add_argument("--evaluate", metavar="DIR", default=None,
+                        help="after each run, the recipe's evaluation episode of its final "
+                             "policy into DIR/<algo>_seed<seed> (appo, sync_ppo, rsl_rl_ppo)")
     parser.add_argument("--worker", nargs=2, metavar=("ALGO", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.out and not args.plot_from:
@@ -579,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [a for a in algos if a not in ALGOS]
     if bad:
         parser.error(f"--algos: unknown {bad}; expected a comma list of {ALGOS}")
+    if args.evaluate and "sb3_ppo" in algos and not args.worker:
+        parser.error("--evaluate: sb3_ppo's policy is not evaluated; drop it from --algos")
     if args.task not in RECIPES and args.recipe is None and set(algos) - {"sb3_ppo"}:
         parser.error(f"--task: no recipe for {args.task!r}; pass --recipe or use one of "
                      f"{sorted(RECIPES)}")
@@ -586,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:  # one run in this fresh process; JSON on the last line of stdout
         algo, seed = args.worker[0], int(args.worker[1])
         result = run_one(algo, args.task, seed, args.budget_s, args.recipe,
-                         args.stop_at_threshold, args.set)
+                         args.stop_at_threshold, args.set, args.evaluate)
         Path(args.out).write_text(json.dumps(result))
         return 0
 
@@ -611,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--recipe", args.recipe]
             if args.stop_at_threshold:
                 cmd.append("--stop-at-threshold")
+            if args.evaluate:
+                cmd += ["--evaluate", args.evaluate]
             for item in args.set:
                 cmd += ["--set", item]
             print(f"[{time.strftime('%H:%M:%S')}] {algo} seed {seed} ({args.budget_s:.0f} s)",
@@ -629,6 +670,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"{run['first_update_kl']:.3g}" if run.get("first_update_kl") is not None
                      else "") + (f"; ERROR {run['error']}" if run.get("error") else ""),
                   flush=True)
+            if run.get("evaluation"):
+                ev = run["evaluation"]
+                print(f"    evaluation: return {ev['return']:.1f} over {ev['length']} steps, "
+                      f"{'fell' if ev['terminated'] else 'no fall'}; tracking "
+                      f"{ev['tracking']}", flush=True)
             runs.append(run)
             _write(out, args, runs)
     table = summarize(runs)

@@ -13,6 +13,11 @@ assigning it (the runner's ``init_at_random_ep_len``) moves the time limits of t
 Actions are clipped to the task's bounds (``clip_actions=False`` passes them as they are).
 ``extras["log"]`` carries the fraction of envs whose step ended with MuJoCo warnings and the
 step's mean of each named term of the task (the G1's reward terms, gymnasium's reward parts).
+
+:class:`RslRlActor` gives a trained rsl_rl actor the ``act`` of our ActorCritic, so that
+:func:`lightning_unilab.evaluate.evaluate_policy` runs the same evaluation episode on it::
+
+    evaluate_policy(RslRlActor(runner.get_inference_policy(), env), "g1-walk-flat", "build/ev")
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from lightning_unilab import _core
 from lightning_unilab.envs.tasks.base import NumpyTask
 from lightning_unilab.envs.vector_env import TaskVectorEnv
 
-__all__ = ["RslRlVecEnv"]
+__all__ = ["RslRlActor", "RslRlVecEnv"]
 
 
 class RslRlVecEnv(VecEnv):
@@ -105,3 +110,39 @@ class RslRlVecEnv(VecEnv):
 
     def close(self) -> None:
         self.env.close()
+
+
+class RslRlActor(torch.nn.Module):
+    """A trained rsl_rl actor (an ``MLPModel``, e.g. ``runner.get_inference_policy()``) behind
+    ActorCritic's ``act``.
+
+    It holds rsl_rl's own export of the actor (``as_jit()``: normalizer, MLP and deterministic
+    output, a copy taken now), so the episode is the deployed policy's; actions are clipped to
+    the task's bounds as :class:`RslRlVecEnv` steps them in training. Deterministic only.
+    """
+
+    def __init__(self, model: torch.nn.Module, env: RslRlVecEnv) -> None:
+        super().__init__()
+        if not isinstance(env, RslRlVecEnv):
+            raise TypeError(f"env: expected the RslRlVecEnv the actor was trained on, got "
+                            f"{type(env).__name__}")
+        groups = list(getattr(model, "obs_groups", []))
+        if groups != ["policy"] or not hasattr(model, "as_jit"):
+            raise ValueError(f"model: expected an rsl_rl MLPModel actor reading the 'policy' "
+                             f"observation group, got {type(model).__name__} reading {groups}")
+        self.exported = model.as_jit()
+        self.obs_size = int(env.env.spec.obs_size)
+        self.action_size = int(env.num_actions)
+        self.register_buffer("low", torch.as_tensor(env._low))
+        self.register_buffer("high", torch.as_tensor(env._high))
+        self.clip_actions = env.clip_actions
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True
+            ) -> tuple[torch.Tensor, None, torch.Tensor, None]:
+        if not deterministic:
+            raise ValueError("deterministic: RslRlActor gives the deterministic action only")
+        mean = self.exported(obs.to(self.low.dtype)).to(obs.dtype)
+        action = (torch.maximum(torch.minimum(mean, self.high.to(mean)), self.low.to(mean))
+                  if self.clip_actions else mean)
+        return action, None, mean, None

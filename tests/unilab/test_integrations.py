@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from lightning_unilab.integrations import RslRlVecEnv, SB3VecEnv
 
@@ -67,6 +68,56 @@ def test_rsl_rl_ppo_trains(tmp_path: Path) -> None:
     returns = list(runner.logger.rewbuffer)
     assert len(returns) > 5 and np.isfinite(returns).all()
     env.close()
+
+
+def test_rsl_rl_actor_runs_our_evaluation_episode(tmp_path: Path) -> None:
+    from rsl_rl.runners import OnPolicyRunner
+
+    from lightning_unilab.envs.vector_env import TaskVectorEnv
+    from lightning_unilab.evaluate import evaluate_policy
+    from lightning_unilab.integrations import RslRlActor
+
+    cfg = {
+        "num_steps_per_env": 8, "save_interval": 100,
+        "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
+        "algorithm": {"class_name": "PPO", "num_learning_epochs": 1, "num_mini_batches": 1},
+        "actor": {"class_name": "MLPModel", "hidden_dims": [16], "obs_normalization": True,
+                  "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": 1.0}},
+        "critic": {"class_name": "MLPModel", "hidden_dims": [16]},
+    }
+    env = RslRlVecEnv("Hopper-v5", 8, num_threads=1)
+    runner = OnPolicyRunner(env, cfg, log_dir=None, device="cpu")
+    runner.learn(2)  # moves the weights and the normalizer off their start
+    model = runner.get_inference_policy()
+    with torch.no_grad():  # large output weights: some actions fall outside [-1, 1]
+        model.mlp[-1].weight.mul_(50.0)
+    actor = RslRlActor(model, env)
+    summary = evaluate_policy(actor, "Hopper-v5", tmp_path, seed=3, max_steps=20, video=False)
+    # the same episode by hand: rsl_rl's deterministic output, clipped, on a fresh env
+    hand = TaskVectorEnv("Hopper-v5", 1, 1, seed=3)
+    obs, _ = hand.reset(seed=3)
+    total, clipped = 0.0, 0
+    for _ in range(summary["length"]):
+        with torch.no_grad():
+            out = model(TensorDict({"policy": torch.as_tensor(obs, dtype=torch.float32)},
+                                   batch_size=[1])).numpy().astype(np.float64)
+        clipped += int((np.abs(out) > 1.0).any())
+        obs, reward, term, trunc, _ = hand.step(np.clip(out, -1.0, 1.0))
+        total += float(reward[0])
+        if term[0] or trunc[0]:
+            break
+    hand.close()
+    env.close()
+    assert clipped > 0
+    assert summary["return"] == pytest.approx(total, rel=1e-5)
+    with pytest.raises(ValueError, match="deterministic"):
+        actor.act(torch.zeros(1, 11), deterministic=False)
+    with pytest.raises(TypeError, match="env"):
+        RslRlActor(model, hand)
+    other = RslRlVecEnv("Hopper-v5", 1, num_threads=1)
+    with pytest.raises(ValueError, match="model"):
+        RslRlActor(torch.nn.Linear(11, 3), other)
+    other.close()
 
 
 def test_rsl_rl_contract() -> None:

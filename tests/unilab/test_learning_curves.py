@@ -122,3 +122,27 @@ def test_a_class_path_task_keeps_the_recipes_init_args(lc) -> None:
     assert lc._recipe_task("examples.go1_joystick.Go1Joystick", recipe) is own
     assert lc._recipe_task("Ant-v5", recipe) == "Ant-v5"  # another task: as given
     assert lc._recipe_task("Ant-v5", {"data": {"task": "Ant-v5"}}) == "Ant-v5"
+
+
+def test_recipe_evaluation_settings_are_read(lc) -> None:
+    g1 = lc.load_recipe("g1-walk-flat")
+    assert g1["evaluation"] == {"max_steps": 1000, "task_params": {"resample_steps": 250}}
+    assert "randomization" in g1["data"]  # rsl_rl's env gets it as the data module does
+
+
+def test_evaluate_runs_the_recipes_episode_on_each_final_policy(lc, tmp_path: Path) -> None:
+    out, ev = tmp_path / "curves.json", tmp_path / "eval"
+    assert lc.main(["--task", "InvertedPendulum-v5", "--budget-s", "3", "--seeds", "1",
+                    "--algos", "sync_ppo,rsl_rl_ppo", "--out", str(out), "--no-plot",
+                    "--evaluate", str(ev)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    max_steps = lc.load_recipe("InvertedPendulum-v5")["evaluation"].get("max_steps")
+    for run in runs:
+        record = run["evaluation"]
+        episode = json.loads((ev / f"{run['algo']}_seed0" / "episode.json").read_text())
+        assert record["return"] == episode["return"] and record["length"] == episode["length"]
+        assert 1 <= episode["length"] <= (max_steps or 1000)
+        assert record["return"] == pytest.approx(sum(episode["rewards"]))
+    with pytest.raises(SystemExit):
+        lc.main(["--task", "InvertedPendulum-v5", "--algos", "sb3_ppo", "--evaluate", str(ev),
+                 "--out", str(out)])
