@@ -21,7 +21,9 @@ Flags are matched exactly: a typo fails and names the closest flag (argparse wou
 the whole run: a resumed run gets only what remains of it (Lightning's Timer is checkpointed).
 Checkpoints are written atomically with a digest (``AtomicCheckpointIO`` of
 ``lightning_omnilab.checkpoint_io``, unless ``--trainer.plugins`` names another checkpoint
-plugin): docs/reliability.md, "Faults".
+plugin): docs/reliability.md, "Faults". ``last.ckpt`` is rewritten when training ends
+(``LastCheckpointAtEnd``), so it holds the policy the run ended with, the one its
+end-of-training evaluation ran.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightning_omnilab.checkpoint_io import AtomicCheckpointIO
 from lightning_omnilab.validate import positive_int
+from lightning_unilab.last_checkpoint import LastCheckpointAtEnd
 from lightning_unilab.learner.appo import APPOModule
 from lightning_unilab.runtime.data import RolloutDataModule, learner_threads
 
@@ -178,6 +181,8 @@ def main(args: list[str] | None = None) -> UniLabCLI:
     set_learner_threads(cli)
     trainer = cli.trainer
     use_atomic_checkpoints(trainer)
+    if not any(isinstance(cb, LastCheckpointAtEnd) for cb in trainer.callbacks):
+        trainer.callbacks.append(LastCheckpointAtEnd())  # last.ckpt = the policy trained
     try:
         trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config["ckpt_path"])
     finally:

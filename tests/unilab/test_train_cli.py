@@ -41,6 +41,30 @@ def test_recipe_trains_logs_checkpoints_and_resumes(tmp_path, capsys):
     assert resumed.datamodule.counters["seq"] >= 3  # the collector's counters went on
 
 
+def test_last_checkpoint_is_the_final_policy(tmp_path):
+    # periodic saves every 2 rollouts, the run stops after 3: Lightning alone left last.ckpt at
+    # the second rollout while the evaluation ran the third's policy
+    import torch
+    import yaml
+
+    recipe = yaml.safe_load(Path(RECIPE).read_text())
+    recipe["trainer"]["callbacks"][0]["init_args"]["every_n_train_steps"] = 2 * STEPS_PER_SLOT
+    config = tmp_path / "recipe.yaml"
+    config.write_text(yaml.safe_dump(recipe))
+    args = _quick(tmp_path, "--trainer.max_steps", str(3 * STEPS_PER_SLOT))
+    args[1] = str(config)
+    cli = main(args)
+    last = Path(cli.trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 3 * STEPS_PER_SLOT and saved["appo"]["policy_version"] == 3
+    policy = cli.model.policy.state_dict()
+    for key, value in saved["state_dict"].items():
+        assert torch.equal(value, policy[key.removeprefix("policy.")]), key
+    assert last.with_name("last.ckpt.sha256").exists()
+    periodic = sorted(p.name for p in last.parent.glob("epoch=*.ckpt"))
+    assert periodic == [f"epoch=0-step={2 * STEPS_PER_SLOT}.ckpt"]  # kept as it was
+
+
 def test_bad_arguments_fail_before_training(tmp_path):
     with pytest.raises(ValueError, match="horizon"):
         main(_quick(tmp_path, "--data.horizon", "0"))

@@ -1,0 +1,42 @@
+"""LastCheckpointAtEnd: ``last.ckpt`` holds the policy that training ended with.
+
+Lightning's ``ModelCheckpoint(save_last=True, every_n_train_steps=K)`` writes ``last`` only with
+its periodic saves, and at the end of training only if it never wrote one. An RL run's epoch
+never ends (the rollout stream is endless), so a run stopped by ``max_time`` or ``max_steps``
+left ``last.ckpt`` up to K optimizer steps behind the policy that the end-of-training
+evaluation ran: evaluating or resuming it gave an older policy than the run reported. This
+callback writes ``last`` once more when training ends, through the trainer (so through its
+checkpoint plugin: atomic, with a digest), where the newest save is older than the run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+__all__ = ["LastCheckpointAtEnd"]
+
+
+class LastCheckpointAtEnd(pl.Callback):
+    """At the end of training, every ``ModelCheckpoint(save_last=True)``'s ``last`` file is
+    rewritten from the final state if its newest save was made at an earlier step."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for ckpt in trainer.checkpoint_callbacks:
+            if not isinstance(ckpt, ModelCheckpoint) or not ckpt.save_last:
+                continue
+            saved_at = getattr(ckpt, "_last_global_step_saved", None)
+            if saved_at == trainer.global_step or ckpt.dirpath is None:
+                continue
+            metrics = {**trainer.callback_metrics,
+                       "epoch": torch.tensor(trainer.current_epoch),
+                       "step": torch.tensor(trainer.global_step)}
+            path = ckpt.format_checkpoint_name(metrics, ckpt.CHECKPOINT_NAME_LAST)
+            # save_last="link": replace the link, not the periodic checkpoint it points to
+            if trainer.is_global_zero and os.path.islink(path):
+                os.remove(path)
+            trainer.save_checkpoint(path, weights_only=ckpt.save_weights_only)
+            ckpt.last_model_path = path
