@@ -2,7 +2,7 @@
 
 Rooms: ``envs/`` (the pool, tasks and env adapters), ``runtime/`` (the collector process, the
 shared-memory ring and the DataModule), ``learner/`` (APPO and its maths); ``train`` and
-``evaluate`` are the commands. The module paths from before the rooms still import
+``evaluate`` are the commands (``last_checkpoint``: the callback ``train`` adds). The module paths from before the rooms still import
 (:mod:`lightning_unilab._moved`).
 """
 
