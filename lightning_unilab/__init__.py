@@ -2,8 +2,8 @@
 
 Rooms: ``envs/`` (the pool, tasks and env adapters), ``runtime/`` (the collector process, the
 shared-memory ring and the DataModule), ``learner/`` (APPO and its maths); ``train`` and
-``evaluate`` are the commands (``last_checkpoint``: the callback ``train`` adds). The module paths from before the rooms still import
-(:mod:`lightning_unilab._moved`).
+``evaluate`` are the commands (``last_checkpoint``: the callback ``train`` adds). The module
+paths from before the rooms still import (:mod:`lightning_unilab._moved`).
 """
 
 import importlib

@@ -47,7 +47,12 @@ from lightning_unilab.learner.losses import (
     policy_ratio,
     ppo_surrogate,
 )
-from lightning_unilab.learner.policy import ActorCritic, check_activation, hidden_sizes
+from lightning_unilab.learner.policy import (
+    STD_PARAMS,
+    ActorCritic,
+    check_activation,
+    hidden_sizes,
+)
 from lightning_unilab.learner.returns import bootstrap_truncated, episode_discounts, vtrace
 
 __all__ = ["APPOModule", "PreparedSlot", "adapted_lr", "next_actor_lr"]
@@ -124,6 +129,7 @@ class APPOModule(pl.LightningModule):
     Args:
         actor_hidden, critic_hidden, activation, init_log_std, normalize_obs: the
             :class:`ActorCritic` built in ``setup`` from the data module's ``env_spec``.
+        std_param: the action std trained as its log ("log") or as itself ("scalar", rsl_rl's).
         obs_clip, obs_eps: of its observation normalizers: the clip of the z-scores (None:
             none) and the variance floor (rsl_rl divides by std + 0.01, about ``obs_eps`` 1e-4,
             and does not clip).
@@ -175,6 +181,7 @@ class APPOModule(pl.LightningModule):
         normalize_obs: bool = True,
         obs_clip: float | None = 5.0,
         obs_eps: float = 1e-8,
+        std_param: str = "log",
         obs_size: int | None = None,
         critic_size: int | None = None,
         action_size: int | None = None,
@@ -214,6 +221,7 @@ class APPOModule(pl.LightningModule):
         check_activation(activation)
         positive_number("obs_clip", obs_clip, none_ok=True)
         positive_number("obs_eps", obs_eps)
+        one_of("std_param", std_param, STD_PARAMS)
         probability("gamma", gamma)
         probability("gae_lambda", gae_lambda)
         positive_number("rho_bar", rho_bar)
@@ -279,7 +287,7 @@ class APPOModule(pl.LightningModule):
         return ActorCritic(*sizes, actor_hidden=tuple(hp.actor_hidden),
                            critic_hidden=tuple(hp.critic_hidden), activation=hp.activation,
                            init_log_std=hp.init_log_std, normalize_obs=hp.normalize_obs,
-                           obs_clip=hp.obs_clip, obs_eps=hp.obs_eps)
+                           obs_clip=hp.obs_clip, obs_eps=hp.obs_eps, std_param=hp.std_param)
 
     def _explicit_sizes(self) -> tuple[int, int, int]:
         hp = self.hparams
@@ -314,7 +322,7 @@ class APPOModule(pl.LightningModule):
         # the actor's lr near lr_min, and the advantages go stale as returns grow
         hp, policy = self.hparams, self.policy
         return torch.optim.Adam([
-            {"params": [*policy.actor.parameters(), policy.log_std], "lr": hp.lr},
+            {"params": [*policy.actor.parameters(), policy.noise_parameter()], "lr": hp.lr},
             {"params": list(policy.critic.parameters()),
              "lr": hp.critic_lr if hp.critic_lr is not None else hp.lr},
         ])
@@ -400,7 +408,7 @@ class APPOModule(pl.LightningModule):
         values = policy.normalized_value(pick(slot.critic_obs))
         v_loss = clipped_value_loss(values, scale.normalize(pick(slot.old_values)),
                                     scale.normalize(pick(slot.returns)), hp.value_clip)
-        log_std = policy.log_std.expand_as(dist.mean)
+        log_std = policy.action_log_std().expand_as(dist.mean)
         entropy = gaussian_entropy(log_std)
         loss = pg_loss + hp.value_loss_coef * v_loss - hp.entropy_coef * entropy
         with torch.no_grad():

@@ -25,6 +25,9 @@ from lightning_omnilab.validate import (
 __all__ = ["ActorCritic", "ObsNormalizer", "RunningMoments", "ValueNormalizer", "mlp"]
 
 _ACTIVATIONS = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
+# how the action std is trained: its log (ours), or the std itself (rsl_rl's "scalar")
+STD_PARAMS = ("log", "scalar")
+MIN_STD = 1e-6  # a scalar std stepped through 0 acts with this one
 
 
 def hidden_sizes(name: str, value: Any) -> tuple[int, ...]:
@@ -151,7 +154,8 @@ class ValueNormalizer(RunningMoments):
 class ActorCritic(nn.Module):
     """Gaussian MLP actor (state-independent log std) and MLP critic, each with its normalizer;
     the critic's output is de-normalized by ``value_normalizer`` (the identity until a learner
-    folds target statistics into it).
+    folds target statistics into it). ``std_param``: the action std is trained as its log
+    (``log_std``) or as itself (``std``, rsl_rl's; floored at 1e-6 where it acts).
 
     ``critic_size`` may differ from ``obs_size`` (privileged critic observations).
     """
@@ -168,8 +172,10 @@ class ActorCritic(nn.Module):
         normalize_obs: bool = True,
         obs_clip: float | None = 5.0,
         obs_eps: float = 1e-8,
+        std_param: str = "log",
     ) -> None:
         super().__init__()
+        one_of("std_param", std_param, STD_PARAMS)
         for name, value in (("obs_size", obs_size), ("critic_size", critic_size),
                             ("action_size", action_size)):
             positive_int(name, value)
@@ -182,7 +188,22 @@ class ActorCritic(nn.Module):
                          activation)
         self.critic = mlp(critic_size, hidden_sizes("critic_hidden", critic_hidden), 1,
                           activation)
-        self.log_std = nn.Parameter(torch.full((action_size,), float(init_log_std)))
+        self.std_param = std_param
+        start = torch.full((action_size,), float(init_log_std))
+        if std_param == "log":
+            self.log_std = nn.Parameter(start)
+        else:  # rsl_rl's: Adam's steps of one size move a small std relatively further
+            self.std = nn.Parameter(start.exp())
+
+    def noise_parameter(self) -> nn.Parameter:
+        """The trained parameter of the action noise (``log_std`` or ``std``)."""
+        return self.log_std if self.std_param == "log" else self.std
+
+    def action_log_std(self) -> Tensor:
+        """The log std of the actions ``[action_size]``, whichever is the parameter."""
+        if self.std_param == "log":
+            return self.log_std
+        return self.std.clamp_min(MIN_STD).log()
 
     def _actor_input(self, obs: Tensor) -> Tensor:
         return self.obs_normalizer(obs) if self.normalize_obs else obs
@@ -194,7 +215,7 @@ class ActorCritic(nn.Module):
         """Action distribution for raw observations ``[..., obs_size]``."""
         mean = self.actor(self._actor_input(obs))
         # validate_args=False: the argument checks cost more than the tiny MLPs on the hot path
-        return Normal(mean, self.log_std.expand_as(mean).exp(), validate_args=False)
+        return Normal(mean, self.action_log_std().expand_as(mean).exp(), validate_args=False)
 
     def value(self, critic_obs: Tensor) -> Tensor:
         """State values ``[...]`` for raw critic observations ``[..., critic_size]``."""

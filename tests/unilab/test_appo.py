@@ -515,6 +515,33 @@ def test_loss_is_surrogate_plus_value_minus_entropy_bonus(pendulum_batch):
     torch.testing.assert_close(module.policy.log_std.grad, torch.tensor([-0.3]))
 
 
+def test_scalar_std_parameter_closed_form(pendulum_batch):
+    policy, batch, spec = pendulum_batch
+    module = APPOModule(actor_hidden=(4,), critic_hidden=(4,), obs_size=4, action_size=1,
+                        init_log_std=math.log(0.5), std_param="scalar", entropy_coef=0.3)
+    module.setup("fit")
+    noise = module.policy.noise_parameter()
+    assert not hasattr(module.policy, "log_std") and noise is module.policy.std
+    torch.testing.assert_close(noise.detach(), torch.tensor([0.5]))
+    dist = module.policy.distribution(torch.zeros(3, 4))
+    torch.testing.assert_close(dist.stddev, torch.full((3, 1), 0.5))
+    terms = module.loss_terms(module.prepare(batch))
+    module.policy.zero_grad()
+    (-0.3 * terms["entropy"]).backward()
+    # d(-0.3 * log std)/d std = -0.3 / std = -0.6 at std 0.5
+    torch.testing.assert_close(noise.grad, torch.tensor([-0.6]))
+    with torch.no_grad():
+        noise.fill_(-1.0)  # a step through 0: the floor acts, no NaN
+    assert torch.isfinite(module.policy.distribution(torch.zeros(1, 4)).stddev).all()
+    with torch.no_grad():
+        noise.fill_(0.5)
+    _fit(module, FixedBatches([batch], spec))  # the optimizer trains it with the actor
+    assert noise.item() != 0.5 and math.isfinite(noise.item())
+    assert id(noise) in {id(p) for p in module._optimizer().param_groups[0]["params"]}
+    with pytest.raises(ValueError, match="std_param"):
+        APPOModule(std_param="exp")
+
+
 class _CheckRanksAgree(pl.Callback):
     """After fit, on every rank: the same weights, lr and observation statistics, and those
     statistics are those of both ranks' slots together."""
