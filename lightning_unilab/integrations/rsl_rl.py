@@ -142,7 +142,6 @@ class RslRlActor(torch.nn.Module):
             ) -> tuple[torch.Tensor, None, torch.Tensor, None]:
         if not deterministic:
             raise ValueError("deterministic: RslRlActor gives the deterministic action only")
-        mean = self.exported(obs.to(self.low.dtype)).to(obs.dtype)
-        action = (torch.maximum(torch.minimum(mean, self.high.to(mean)), self.low.to(mean))
-                  if self.clip_actions else mean)
-        return action, None, mean, None
+        mean = self.exported(obs.to(self.low.dtype))
+        action = mean.clamp(self.low, self.high) if self.clip_actions else mean
+        return action.to(obs.dtype), None, mean.to(obs.dtype), None
