@@ -54,8 +54,8 @@ from lightning_unilab.envs.randomization import build_randomization
 from lightning_unilab.envs.tasks.ref import TaskBuildError, task_label
 
 __all__ = ["CheckpointEvaluation", "Episode", "EvaluationRollout", "TaskMismatchError",
-           "checkpoint_evaluation", "evaluation_task_kwargs", "plot_episode", "render_episode",
-           "run_episode"]
+           "checkpoint_evaluation", "evaluate_seeds", "evaluation_task_kwargs", "plot_episode",
+           "render_episode", "run_episode"]
 
 _BACKENDS = ("egl", "osmesa")
 
@@ -145,43 +145,51 @@ def run_episode(policy: torch.nn.Module, task: Any, task_kwargs: Mapping[str, An
         _check_sizes(policy, task_label(task), spec.obs_size, spec.action_size)
         limit = spec.max_episode_steps if spec.max_episode_steps > 0 else 1000
         steps = limit if max_steps is None else min(max_steps, limit)
-        obs, info = env.reset(seed=seed)
-        critic = info.get("critic_obs")
-        states = [env.pool.state[0].copy()]
-        rewards, terms = [], {name: [] for name in spec.info_names}
-        obs_rows, critic_rows = [obs[0].copy()], [None if critic is None else critic[0].copy()]
-        terminated = False
         policy = copy.deepcopy(policy).cpu().float().eval()
-        for _ in range(steps):
-            with torch.no_grad():
-                action = policy.act(torch.as_tensor(obs, dtype=torch.float32),
-                                    deterministic=deterministic)[0]
-            obs, reward, term, trunc, info = env.step(action.numpy().astype(np.float64))
-            rewards.append(float(reward[0]))
-            for name in spec.info_names:
-                terms[name].append(float(info[name][0]))
-            done = bool(term[0] or trunc[0])
-            # same-step auto-reset: the ending step's own observation is final_obs
-            obs_rows.append((info["final_obs"] if done else obs)[0].copy())
-            if "critic_obs" in info:
-                src = info["final_critic_obs"] if done else info["critic_obs"]
-                critic_rows.append(src[0].copy())
-            if done:
-                terminated = bool(term[0])
-                break
-            states.append(env.pool.state[0].copy())
-        dt = float(env.model.opt.timestep) * spec.frame_skip
-        states_arr = np.stack(states)
-        episode = Episode(task=env.name, rewards=np.asarray(rewards),
-                          terms={k: np.asarray(v) for k, v in terms.items()},
-                          states=states_arr, terminated=terminated, dt=dt,
-                          task_ref=env.task_ref.config() if env.task_ref else None)
-        episode.series = _series(env, np.stack(obs_rows),
-                                 None if critic_rows[0] is None else np.stack(critic_rows),
-                                 states_arr)
-        return episode
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # sampled actions, if any, repeat for a seed
+            return _play(env, policy, seed, steps, deterministic)
     finally:
         env.close()
+
+
+def _play(env: Any, policy: torch.nn.Module, seed: int, steps: int,
+          deterministic: bool) -> Episode:
+    spec = env.spec
+    obs, info = env.reset(seed=seed)
+    critic = info.get("critic_obs")
+    states = [env.pool.state[0].copy()]
+    rewards, terms = [], {name: [] for name in spec.info_names}
+    obs_rows, critic_rows = [obs[0].copy()], [None if critic is None else critic[0].copy()]
+    terminated = False
+    for _ in range(steps):
+        with torch.no_grad():
+            action = policy.act(torch.as_tensor(obs, dtype=torch.float32),
+                                deterministic=deterministic)[0]
+        obs, reward, term, trunc, info = env.step(action.numpy().astype(np.float64))
+        rewards.append(float(reward[0]))
+        for name in spec.info_names:
+            terms[name].append(float(info[name][0]))
+        done = bool(term[0] or trunc[0])
+        # same-step auto-reset: the ending step's own observation is final_obs
+        obs_rows.append((info["final_obs"] if done else obs)[0].copy())
+        if "critic_obs" in info:
+            src = info["final_critic_obs"] if done else info["critic_obs"]
+            critic_rows.append(src[0].copy())
+        if done:
+            terminated = bool(term[0])
+            break
+        states.append(env.pool.state[0].copy())
+    dt = float(env.model.opt.timestep) * spec.frame_skip
+    states_arr = np.stack(states)
+    episode = Episode(task=env.name, rewards=np.asarray(rewards),
+                      terms={k: np.asarray(v) for k, v in terms.items()},
+                      states=states_arr, terminated=terminated, dt=dt,
+                      task_ref=env.task_ref.config() if env.task_ref else None)
+    episode.series = _series(env, np.stack(obs_rows),
+                             None if critic_rows[0] is None else np.stack(critic_rows),
+                             states_arr)
+    return episode
 
 
 def _check_sizes(policy: torch.nn.Module, task: str, obs_size: int, action_size: int) -> None:
@@ -341,13 +349,16 @@ def render_episode(episode: Episode, path: str | os.PathLike, max_frames: int = 
 def evaluate_policy(policy: torch.nn.Module, task: Any, out_dir: str | os.PathLike,
                     task_kwargs: Mapping[str, Any] | None = None, seed: int = 0,
                     max_steps: int | None = None, video: bool = True, max_frames: int = 100,
-                    size: tuple[int, int] = (240, 180)) -> dict[str, Any]:
+                    size: tuple[int, int] = (240, 180),
+                    deterministic: bool = True) -> dict[str, Any]:
     """Run one episode and write episode.json, episode.png and (with OpenGL) episode.gif;
     ``task`` as :func:`run_episode` takes it."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    episode = run_episode(policy, task, task_kwargs, seed=seed, max_steps=max_steps)
+    episode = run_episode(policy, task, task_kwargs, seed=seed, max_steps=max_steps,
+                          deterministic=deterministic)
     summary = episode.summary()
+    summary["deterministic"] = deterministic
     summary["plot"] = str(plot_episode(episode, out / "episode.png"))
     summary["video"] = None
     if video:
@@ -356,9 +367,42 @@ def evaluate_policy(policy: torch.nn.Module, task: Any, out_dir: str | os.PathLi
             summary["video"] = str(out / "episode.gif")
         else:
             summary["video_skipped"] = f"no OpenGL backend ({reason})"
-    tmp = out / "episode.json.tmp"
-    tmp.write_text(json.dumps(summary))
-    tmp.replace(out / "episode.json")
+    _write_json(out / "episode.json", summary)
+    return summary
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.replace(path)
+
+
+def evaluate_seeds(policy: torch.nn.Module, task: Any, out_dir: str | os.PathLike,
+                   seeds: Sequence[int], task_kwargs: Mapping[str, Any] | None = None,
+                   max_steps: int | None = None, deterministic: bool = True) -> dict[str, Any]:
+    """One episode per start-state seed, summed up in ``episodes.json``: how often the policy
+    falls and how far its tracking errors spread, which a single episode cannot tell."""
+    if not seeds:
+        raise ValueError("seeds: expected at least one start-state seed, got none")
+    rows = []
+    for seed in seeds:
+        episode = run_episode(policy, task, task_kwargs, seed=int(seed), max_steps=max_steps,
+                              deterministic=deterministic)
+        rows.append({"seed": int(seed), "return": episode.ret, "length": episode.length,
+                     "terminated": episode.terminated, "tracking": episode.tracking()})
+    summary: dict[str, Any] = {
+        "task": task_label(task), "deterministic": deterministic, "episodes": len(rows),
+        "terminated": sum(r["terminated"] for r in rows),
+        "return_median": float(np.median([r["return"] for r in rows])),
+        "length_median": float(np.median([r["length"] for r in rows]))}
+    if all(r["tracking"] for r in rows):
+        for key in ("lin_vel_error_mps", "yaw_rate_error_radps"):
+            errors = [r["tracking"][key] for r in rows]
+            summary[key] = {"median": float(np.median(errors)), "max": float(np.max(errors))}
+    summary["rows"] = rows
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "episodes.json", summary)
     return summary
 
 
@@ -515,6 +559,12 @@ def _main(argv: Sequence[str] | None = None) -> None:
     ck.add_argument("--seed", type=int, default=None,
                     help="start-state seed (default: the recipe's EvaluationRollout, else 0)")
     ck.add_argument("--no-video", action="store_true")
+    ck.add_argument("--episodes", type=int, default=1,
+                    help="episodes on start-state seeds SEED, SEED+1, ...; more than one writes "
+                         "episodes.json (falls, tracking errors per seed and their spread) "
+                         "instead of the episode's plot (default 1)")
+    ck.add_argument("--stochastic", action="store_true",
+                    help="sample the policy's actions, as in training (default: its mean)")
     ck.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                     help="a task parameter for the evaluation env over the checkpoint's, e.g. "
                          "resample_steps=250")
@@ -525,6 +575,8 @@ def _main(argv: Sequence[str] | None = None) -> None:
         ck.error(did_you_mean(f"unrecognized arguments: {' '.join(unknown)}",
                               ck._option_string_actions))
     params = _params(ck, args.param)
+    if args.episodes < 1:
+        ck.error(f"--episodes: expected a positive number of episodes, got {args.episodes}")
     from lightning_unilab.learner.appo import APPOModule
 
     # weights only: a checkpoint naming other code than the project's plain types is refused
@@ -538,12 +590,20 @@ def _main(argv: Sequence[str] | None = None) -> None:
                                                  weights_only=True)
     try:  # a task class that does not import or build here is named, as a wrong task is
         run = checkpoint_evaluation(checkpoint, args.task, params, args.max_steps, args.seed)
-        summary = evaluate_policy(module.policy, run.task, args.out, run.task_kwargs,
-                                  seed=run.seed, max_steps=run.max_steps,
-                                  video=not args.no_video)
+        if args.episodes > 1:
+            summary = evaluate_seeds(module.policy, run.task, args.out,
+                                     range(run.seed, run.seed + args.episodes), run.task_kwargs,
+                                     run.max_steps, deterministic=not args.stochastic)
+        else:
+            summary = evaluate_policy(module.policy, run.task, args.out, run.task_kwargs,
+                                      seed=run.seed, max_steps=run.max_steps,
+                                      video=not args.no_video,
+                                      deterministic=not args.stochastic)
     except (TaskMismatchError, ImportError, TaskBuildError) as e:
         ck.error(str(e))
-    print(json.dumps({k: summary[k] for k in ("return", "length", "tracking", "plot", "video")}))
+    keys = ("return", "length", "tracking", "plot", "video") if args.episodes == 1 else \
+        [k for k in summary if k != "rows"]
+    print(json.dumps({k: summary[k] for k in keys}))
 
 
 if __name__ == "__main__":

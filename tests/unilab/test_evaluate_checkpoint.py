@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -82,3 +83,51 @@ def test_checkpoint_settings_with_explicit_overrides():
     assert checkpoint_evaluation(checkpoint, "g1-walk-flat", max_steps=3, seed=0).max_steps == 3
     with pytest.raises(ValueError, match="--task: the checkpoint does not name its task"):
         checkpoint_evaluation({})
+
+
+def test_several_episodes_sum_up_one_per_seed(trained, tmp_path, capsys):
+    """--episodes N runs seeds SEED..SEED+N-1: the recipe's own seed (3) replays the
+    end-of-training episode, the others are new start states."""
+    summary, ckpt = trained
+    _main(["checkpoint", str(ckpt), "--out", str(tmp_path), "--episodes", "3"])
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    written = json.loads((tmp_path / "episodes.json").read_text())
+    assert [r["seed"] for r in written["rows"]] == [3, 4, 5]
+    assert written["deterministic"] is True and written["episodes"] == 3
+    first = written["rows"][0]
+    assert (first["return"], first["length"]) == (summary["return"], summary["length"])
+    lengths = sorted(r["length"] for r in written["rows"])
+    assert written["length_median"] == lengths[1]
+    assert written["terminated"] == sum(r["terminated"] for r in written["rows"])
+    assert printed == {k: v for k, v in written.items() if k != "rows"}
+    assert not (tmp_path / "episode.json").exists()
+
+
+def test_stochastic_episodes_sample_and_repeat_for_a_seed(trained, tmp_path, capsys):
+    from lightning_unilab.learner.appo import APPOModule
+
+    _, ckpt = trained
+    _main(["checkpoint", str(ckpt), "--out", str(tmp_path), "--no-video", "--stochastic"])
+    assert json.loads((tmp_path / "episode.json").read_text())["deterministic"] is False
+    policy = APPOModule.load_from_checkpoint(ckpt, map_location="cpu").policy
+    task = ("InvertedPendulum-v5", {"params": {"reset_noise_scale": 0.15}})
+    states = []
+    for global_seed, deterministic in ((1, False), (2, False), (1, True)):
+        torch.manual_seed(global_seed)  # the caller's stream must not matter
+        states.append(run_episode(policy, task[0], task[1], seed=3, max_steps=30,
+                                  deterministic=deterministic).states)
+    torch.manual_seed(0)
+    before = torch.rand(1)
+    torch.manual_seed(0)
+    run_episode(policy, task[0], task[1], seed=3, max_steps=5, deterministic=False)
+    assert torch.rand(1) == before  # the caller's random stream is left alone
+    assert np.array_equal(states[0], states[1])  # seeded: the same samples again
+    n = min(len(states[0]), len(states[2]))
+    assert not np.array_equal(states[0][:n], states[2][:n])  # samples, not the mean
+
+
+def test_episodes_must_be_positive(trained, tmp_path, capsys):
+    _, ckpt = trained
+    with pytest.raises(SystemExit):
+        _main(["checkpoint", str(ckpt), "--out", str(tmp_path), "--episodes", "0"])
+    assert "--episodes: expected a positive number of episodes, got 0" in capsys.readouterr().err
