@@ -73,7 +73,8 @@ class Go1Joystick(NumpyTask):
                  reset_base_vel_noise: float = 0.5, tracking_sigma: float = 0.25,
                  air_time_threshold: float = 0.25, max_tilt_deg: float = 60.0,
                  weights: Mapping[str, float] | None = None,
-                 reward_floor: float | None = 0.0) -> None:
+                 reward_floor: float | None = 0.0, push_low: float = 0.0,
+                 push_high: float = 0.0) -> None:
         unknown = set(weights or {}) - set(WEIGHTS)
         if unknown:
             raise ValueError(f"weights: no reward term(s) {sorted(unknown)}; the terms are "
@@ -88,8 +89,14 @@ class Go1Joystick(NumpyTask):
         self.air_time_threshold, self.max_tilt = air_time_threshold, math.radians(max_tilt_deg)
         self.weights = {**WEIGHTS, **dict(weights or {})}
         self.reward_floor = reward_floor
-        # per-env memory: named columns of the (num_envs, size) array the env keeps for us
-        self.mem = terms.MemoryLayout(last_action=JOINTS, command=3, air_time=4, last_contact=4)
+        if not 0.0 <= push_low <= push_high:
+            raise ValueError(f"push_low, push_high: expected 0 <= push_low <= push_high (m/s), "
+                             f"got {push_low} and {push_high}")
+        self.push_low, self.push_high = float(push_low), float(push_high)
+        # per-env memory: named columns of the (num_envs, size) array the env keeps for us;
+        # with pushes on, the next push's (steps until it, vx, vy)
+        self.mem = terms.MemoryLayout(last_action=JOINTS, command=3, air_time=4, last_contact=4,
+                                      **({"push": 3} if push_high > 0 else {}))
         self._model: mujoco.MjModel | None = None
 
     # ------------------------------------------------------------------ model and sizes
@@ -153,6 +160,9 @@ class Go1Joystick(NumpyTask):
         stand = rng.uniform(ids, 0.0, 1.0, 1)[:, 0] < self.standing_prob
         cmd[stand] = 0.0
         memory[ids, self.mem["command"]] = cmd
+        if self.push_high > 0:  # one shove at a random step of each command's period
+            memory[ids, self.mem["push"]] = terms.sample_push(
+                rng, ids, self.resample_steps, self.push_low, self.push_high)
 
     # ------------------------------------------------------------------ step
 
@@ -161,6 +171,11 @@ class Go1Joystick(NumpyTask):
         """PD position targets around the stance (the actuators' kp and the joints' damping
         do the PD; ctrlrange clips to the joint limits)."""
         pool.ctrl[ids] = self.robot.default_joint_pos + self.action_scale * actions
+        if self.push_high > 0:
+            push, qvel = memory[ids, self.mem["push"]], pool.qvel[ids]
+            if terms.apply_due_push(qvel, push, self.robot).any():
+                pool.qvel[ids] = qvel
+            memory[ids, self.mem["push"]] = push
 
     def evaluate(self, pool: BatchEnvPool, ids: np.ndarray, actions: np.ndarray,
                  memory: np.ndarray) -> Transition:

@@ -65,6 +65,42 @@ def test_stands_at_zero_action_and_stays_finite_under_random_actions() -> None:
         env.close()
 
 
+def test_pushes_shove_the_base_once_per_command_period() -> None:
+    """With pushes on, an env follows its push-free twin (same seed, same commands) exactly
+    until the step its push was drawn for, then moves off in the push's direction."""
+    tasks = [Go1Joystick(resample_steps=20), Go1Joystick(resample_steps=20, push_low=0.8,
+                                                         push_high=1.0)]
+    envs = [TaskVectorEnv(task, NUM_ENVS, num_threads=1, seed=4) for task in tasks]
+    with pytest.raises(ValueError, match="push_low, push_high: expected 0 <= push_low"):
+        Go1Joystick(push_low=1.0, push_high=0.5)
+    try:
+        for env in envs:
+            env.reset(seed=4)
+        assert tasks[1].mem.size == tasks[0].mem.size + 3
+        plan = envs[1].memory[:, tasks[1].mem["push"]].copy()  # (steps until it, vx, vy)
+        assert set(plan[:, 0]) <= set(range(1, 21)) and len(set(plan[:, 0])) > 3
+        np.testing.assert_array_less(0.8 - 1e-12, np.hypot(plan[:, 1], plan[:, 2]))
+        zero = np.zeros((NUM_ENVS, 12))
+        apart = np.zeros(NUM_ENVS, int)
+        for step in range(1, 21):
+            before = [env.pool.qvel[:, :2].copy() for env in envs]
+            for env in envs:
+                env.step(zero)
+            same = np.all(envs[0].pool.qpos == envs[1].pool.qpos, axis=1)
+            first = (~same) & (apart == 0)
+            apart[first] = step
+            if first.any():  # the shove's direction shows in the base's velocity change
+                dv = (envs[1].pool.qvel[first, :2] - before[1][first]) - \
+                    (envs[0].pool.qvel[first, :2] - before[0][first])
+                cos = (dv * plan[first, 1:]).sum(1) / np.hypot(*dv.T) / np.hypot(
+                    *plan[first, 1:].T)
+                assert (cos > 0.9).all(), cos
+        np.testing.assert_array_equal(apart, plan[:, 0])
+    finally:
+        for env in envs:
+            env.close()
+
+
 def test_recipe_trains_three_updates(tmp_path: Path) -> None:
     from lightning_unilab.train import main
 

@@ -517,6 +517,40 @@ def test_reset_events_draw_per_env(model) -> None:
     assert max(abs(y) for y in yaws) > 0.5
 
 
+def test_pushes_draw_per_env_and_move_the_base_in_the_world_frame(model, snap) -> None:
+    """sample_push draws (when, how hard, which way) from each env's own stream; the push, once
+    due, changes the torso's world-frame velocity (mj_objectVelocity) by exactly that planar
+    vector, turned or tilted as the torso may be, and nothing else; it comes due once."""
+    robot = terms.Robot.from_model(model, "stand")
+    rng = EnvRng(NUM_ENVS, seed=5)
+    push = terms.sample_push(rng, IDS, period=4, low=0.2, high=1.0)
+    for r, i in enumerate(IDS):
+        when, size, angle = EnvRng(NUM_ENVS, seed=5).uniform(
+            np.array([i]), [0.0, 0.2, -math.pi], [4, 1.0, math.pi], 3)[0]
+        assert push[r, 0] == math.floor(when) + 1 and 1 <= push[r, 0] <= 4
+        np.testing.assert_allclose(push[r, 1:], size * np.array([math.cos(angle),
+                                                                  math.sin(angle)]), atol=ATOL)
+    assert len(set(push[:, 0])) > 1
+    torso = _id(model, mujoco.mjtObj.mjOBJ_BODY, "torso")
+    qvel, left = snap.qvel.copy(), push.copy()
+    seen = np.zeros(len(IDS), int)
+    for _ in range(6):
+        before = qvel.copy()
+        due = terms.apply_due_push(qvel, left, robot)
+        seen += due
+        np.testing.assert_array_equal(qvel[~due], before[~due])
+        for r in np.flatnonzero(due):
+            d = mujoco.MjData(model)
+            d.qpos[:], d.qvel[:] = snap.qpos[r], before[r]
+            mujoco.mj_forward(model, d)
+            v0 = _local_vel(model, d, torso, local=False)
+            d.qvel[:] = qvel[r]
+            mujoco.mj_forward(model, d)
+            v1 = _local_vel(model, d, torso, local=False)
+            np.testing.assert_allclose(v1 - v0, [0, 0, 0, *push[r, 1:], 0], atol=1e-9)
+    np.testing.assert_array_equal(seen, 1)  # every push came due, exactly once
+
+
 # ---------------------------------------------------------------- lookups
 
 

@@ -11,10 +11,12 @@ example task.
 """
 
 from lightning_unilab.envs.terms.events import (
+    apply_due_push,
     quat_mul,
     reset_base_pose,
     reset_base_velocity,
     reset_joints,
+    sample_push,
     sample_velocity_command,
 )
 from lightning_unilab.envs.terms.layout import MemoryLayout, Robot, sensor_columns, sensor_slice
@@ -58,13 +60,14 @@ from lightning_unilab.envs.terms.terminations import (
 )
 
 __all__ = [
-    "MemoryLayout", "RewardSum", "Robot", "action_rate", "ang_vel_xy", "base_ang_vel_local",
+    "MemoryLayout", "RewardSum", "Robot", "action_rate", "ang_vel_xy", "apply_due_push",
+    "base_ang_vel_local",
     "base_height", "base_lin_vel_local", "base_too_low", "body_contact", "body_lin_vel_world",
     "contact_found", "feet_air_time", "feet_contact_phase", "feet_phase", "feet_slip",
     "feet_swing_height", "flat_orientation", "gait_clock", "gait_phase", "in_stance",
     "joint_pos_rel", "joint_vel", "lin_vel_z", "nonfinite", "projected_gravity", "quat_mul",
     "quat_rotate_inverse", "reset_base_pose", "reset_base_velocity", "reset_joints",
-    "sample_velocity_command", "sensor_columns", "sensor_slice", "swing_height_target",
-    "swing_target_bezier", "tilted", "torques", "tracking_kernel", "tracking_lin_vel_xy",
-    "tracking_yaw_rate",
+    "sample_push", "sample_velocity_command", "sensor_columns", "sensor_slice",
+    "swing_height_target", "swing_target_bezier", "tilted", "torques", "tracking_kernel",
+    "tracking_lin_vel_xy", "tracking_yaw_rate",
 ]

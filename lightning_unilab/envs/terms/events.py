@@ -13,8 +13,8 @@ import numpy as np
 from lightning_unilab.envs.tasks.rng import EnvRng
 from lightning_unilab.envs.terms.layout import Robot
 
-__all__ = ["quat_mul", "reset_base_pose", "reset_base_velocity", "reset_joints",
-           "sample_velocity_command"]
+__all__ = ["apply_due_push", "quat_mul", "reset_base_pose", "reset_base_velocity",
+           "reset_joints", "sample_push", "sample_velocity_command"]
 
 
 def reset_joints(rng: EnvRng, ids: np.ndarray, robot: Robot, noise: float) -> np.ndarray:
@@ -60,3 +60,25 @@ def sample_velocity_command(rng: EnvRng, ids: np.ndarray, low: np.ndarray,
     """(n, 3): commands (forward, sideways, yaw rate) drawn U(low, high) per component (3 draws
     per env), for the task's command memory columns at resample."""
     return rng.uniform(ids, np.asarray(low, np.float64), np.asarray(high, np.float64), 3)
+
+
+def sample_push(rng: EnvRng, ids: np.ndarray, period: int, low: float,
+                high: float) -> np.ndarray:
+    """(n, 3): the next push of each env, (steps until it, vx, vy) (3 draws per env): at a step
+    drawn uniformly in 1..period, the base's planar velocity changes by U(low, high) m/s in a
+    uniformly drawn world direction. For memory columns at resample, so that a policy learns to
+    recover from shoves as Playground's and legged_gym's are trained to."""
+    u = rng.uniform(ids, np.array([0.0, low, -np.pi]), np.array([period, high, np.pi]), 3)
+    steps = np.minimum(np.floor(u[:, 0]), period - 1) + 1.0
+    return np.stack([steps, u[:, 1] * np.cos(u[:, 2]), u[:, 1] * np.sin(u[:, 2])], axis=1)
+
+
+def apply_due_push(qvel: np.ndarray, push: np.ndarray, robot: Robot) -> np.ndarray:
+    """Count each row's push (n, 3) of :func:`sample_push` down by one step, in place, and add
+    the velocity change of those that come due now to their qvel rows (n, nv), in place;
+    returns the mask of rows pushed. A push comes due once: the count then runs negative."""
+    push[:, 0] -= 1.0
+    due = push[:, 0] == 0.0
+    lin = robot.base_lin_vel.start
+    qvel[due, lin:lin + 2] += push[due, 1:3]
+    return due
