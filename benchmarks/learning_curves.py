@@ -109,8 +109,9 @@ def load_recipe(task: str, recipe: str | None = None,
         section = dict(section or {})
         return dict(section.get("init_args", {})) if "class_path" in section else section
 
-    # "rsl_rl": settings of the rsl_rl baseline itself: torch_threads, and any key of its
-    # algorithm config (desired_kl, learning_rate, ...) to sweep it apart from the recipe
+    # "rsl_rl": settings of the rsl_rl baseline itself: torch_threads, num_steps_per_env (its
+    # rollout length) and any key of its algorithm config (desired_kl, learning_rate, ...) to
+    # sweep it apart from the recipe
     evaluation = [args(cb) for cb in (cfg.get("trainer") or {}).get("callbacks") or []
                   if isinstance(cb, dict) and str(cb.get("class_path", "")).endswith(
                       "EvaluationRollout")]
@@ -288,7 +289,7 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
     curve.restart()
     torch.manual_seed(seed)
     d = recipe["data"]
-    num_envs, horizon = int(d.get("num_envs", 64)), int(d.get("horizon", 32))
+    num_envs = int(d.get("num_envs", 64))
     kwargs = _instantiate(dict(d.get("task_kwargs") or {}))
     if d.get("randomization") is not None:  # as the recipe's data module trains
         kwargs["randomization"] = _instantiate(d["randomization"])
@@ -322,9 +323,13 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
     for key, value in recipe.get("rsl_rl", {}).items():
         if key == "torch_threads":
             continue
+        if key == "num_steps_per_env":  # its own rollout length, to sweep apart from ours
+            cfg[key] = int(value)
+            continue
         if key not in cfg["algorithm"]:
-            raise ValueError(f"--set rsl_rl.{key}: expected torch_threads or a key of rsl_rl's "
-                             f"algorithm config {sorted(cfg['algorithm'])}, got {key!r}")
+            raise ValueError(f"--set rsl_rl.{key}: expected torch_threads, num_steps_per_env or "
+                             f"a key of rsl_rl's algorithm config {sorted(cfg['algorithm'])}, "
+                             f"got {key!r}")
         cfg["algorithm"][key] = value
     runner = OnPolicyRunner(env, cfg, log_dir=None, device="cpu")
     try:
@@ -333,7 +338,7 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
         pass
     policy = RslRlActor(runner.get_inference_policy(), env)
     env.close()
-    return {"env_steps": env.steps, "num_envs": num_envs, "horizon": horizon,
+    return {"env_steps": env.steps, "num_envs": num_envs, "horizon": cfg["num_steps_per_env"],
             "rsl_rl_algorithm": cfg["algorithm"], "_policy": policy}
 
 

@@ -146,3 +146,18 @@ def test_evaluate_runs_the_recipes_episode_on_each_final_policy(lc, tmp_path: Pa
     with pytest.raises(SystemExit):
         lc.main(["--task", "InvertedPendulum-v5", "--algos", "sb3_ppo", "--evaluate", str(ev),
                  "--out", str(out)])
+
+
+def test_rsl_rl_rollout_length_is_set_apart_from_the_recipe(lc, tmp_path: Path) -> None:
+    out = tmp_path / "curves.json"
+    recipe_horizon = lc.load_recipe("InvertedPendulum-v5")["data"]["horizon"]
+    assert recipe_horizon != 8
+    assert lc.main(["--task", "InvertedPendulum-v5", "--budget-s", "1.5", "--seeds", "1",
+                    "--algos", "rsl_rl_ppo", "--out", str(out), "--no-plot",
+                    "--set", "rsl_rl.num_steps_per_env=8"]) == 0
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["horizon"] == 8 and run["rsl_rl_algorithm"]["desired_kl"] > 0
+    with pytest.raises(RuntimeError, match="num_steps_per_env or a key"):  # from its worker
+        lc.main(["--task", "InvertedPendulum-v5", "--budget-s", "1", "--seeds", "1",
+                 "--algos", "rsl_rl_ppo", "--out", str(out), "--no-plot",
+                 "--set", "rsl_rl.horizon=8"])
