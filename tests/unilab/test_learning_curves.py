@@ -156,7 +156,7 @@ def test_rsl_rl_rollout_length_is_set_apart_from_the_recipe(lc, tmp_path: Path) 
                     "--algos", "rsl_rl_ppo", "--out", str(out), "--no-plot",
                     "--set", "rsl_rl.num_steps_per_env=8"]) == 0
     run = json.loads(out.read_text())["runs"][0]
-    assert run["horizon"] == 8 and run["rsl_rl_algorithm"]["desired_kl"] > 0
+    assert run["horizon"] == 8  # recorded from the config rsl_rl's runner was given
     with pytest.raises(RuntimeError, match="num_steps_per_env or a key"):  # from its worker
         lc.main(["--task", "InvertedPendulum-v5", "--budget-s", "1", "--seeds", "1",
                  "--algos", "rsl_rl_ppo", "--out", str(out), "--no-plot",
