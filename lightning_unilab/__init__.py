@@ -38,10 +38,16 @@ def _check_mujoco_version() -> None:
 
 _check_mujoco_version()
 
-from lightning_unilab.envs.pool import STATUS_ERROR, BatchEnvPool, describe_status  # noqa: E402
+from lightning_unilab.envs.pool import (  # noqa: E402
+    STATUS_ERROR,
+    STATUS_TOO_FAST,
+    BatchEnvPool,
+    describe_status,
+)
 from lightning_unilab.envs.vector_env import StepBuffers, TaskVectorEnv  # noqa: E402
 
-__all__ = ["BatchEnvPool", "STATUS_ERROR", "StepBuffers", "TaskVectorEnv", "describe_status"]
+__all__ = ["BatchEnvPool", "STATUS_ERROR", "STATUS_TOO_FAST", "StepBuffers", "TaskVectorEnv",
+           "describe_status"]
 
 try:  # gymnasium is optional: with it, the tasks are registered as omnilab/<name>
     from lightning_unilab.envs.registration import register_envs as _register_envs

@@ -60,7 +60,7 @@ void BatchEnvPool::Gather(const mjData* d, int env) {
 void BatchEnvPool::StepKernel(const mjModel* m, mjData* d, int env, void* arg) {
   const KernelArgs& args = *static_cast<KernelArgs*>(arg);
   BatchEnvPool& pool = *args.pool;
-  const std::uint32_t raised = GuardedSteps(m, d, args.nstep, pool.state_row(env));
+  const std::uint32_t raised = GuardedSteps(m, d, args.nstep, pool.state_row(env), args.max_speed);
   pool.status_[env] |= raised;
   // after a rollback, outputs describe the restored state, never the diverged one
   ComputeStage(m, d, raised ? mjSTAGE_ACC : args.stage);
@@ -89,13 +89,13 @@ int BatchEnvPool::Apply(const int* ids, int nid, mjfBatchFunc func, void* arg, b
   return MarkFailures(ids, nid, mjb_apply(batch_.get(), ids, nid, func, arg, save ? 1 : 0));
 }
 
-int BatchEnvPool::Step(const int* ids, int nid, int nstep, int stage) {
-  KernelArgs args{this, nstep, stage};
+int BatchEnvPool::Step(const int* ids, int nid, int nstep, int stage, double max_speed) {
+  KernelArgs args{this, nstep, stage, max_speed};
   return Apply(ids, nid, &StepKernel, &args, true);
 }
 
 int BatchEnvPool::Forward(const int* ids, int nid, int stage) {
-  KernelArgs args{this, 0, stage};
+  KernelArgs args{this, 0, stage, 0};
   return Apply(ids, nid, &ForwardKernel, &args, false);
 }
 

@@ -10,6 +10,7 @@
 #include "omnilab/batch_env_pool.h"
 #include "omnilab/bindings.h"
 #include "omnilab/data_fields.h"
+#include "omnilab/kernels.h"
 #include "omnilab/model_fields.h"
 
 namespace py = pybind11;
@@ -43,6 +44,7 @@ PYBIND11_MODULE(_core, mod) {
   mod.def("data_field_names", &omnilab::DataFieldNames,
           "mjData fields that can be copied out per environment.");
   mod.attr("STATUS_ERROR") = omnilab::kStatusError;
+  mod.attr("STATUS_TOO_FAST") = omnilab::kStatusTooFast;
   mod.attr("NUM_WARNINGS") = static_cast<int>(mjNWARNING);
 
   py::class_<BatchEnvPool>(mod, "BatchEnvPool")
@@ -84,12 +86,13 @@ PYBIND11_MODULE(_core, mod) {
            })
       .def(
           "step",
-          [](BatchEnvPool& pool, std::optional<IdArray> ids, int nstep, int stage) {
+          [](BatchEnvPool& pool, std::optional<IdArray> ids, int nstep, int stage,
+             double max_speed) {
             auto [ptr, n] = Ids(ids);
             py::gil_scoped_release release;
-            return pool.Step(ptr, n, nstep, stage);
+            return pool.Step(ptr, n, nstep, stage, max_speed);
           },
-          py::arg("ids"), py::arg("nstep"), py::arg("stage"))
+          py::arg("ids"), py::arg("nstep"), py::arg("stage"), py::arg("max_speed") = 0.0)
       .def(
           "forward",
           [](BatchEnvPool& pool, std::optional<IdArray> ids, int stage) {

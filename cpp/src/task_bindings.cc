@@ -61,6 +61,7 @@ py::dict SpecDict(const TaskSpec& s) {
   d["max_episode_steps"] = s.max_episode_steps;
   d["memory_size"] = s.memory_size;
   d["resample_steps"] = s.resample_steps;
+  d["max_speed"] = s.max_speed;
   d["action_low"] = s.action_low;
   d["action_high"] = s.action_high;
   d["info_names"] = s.info_names;

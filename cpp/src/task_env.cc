@@ -149,7 +149,8 @@ void TaskEnv::StepKernel(const mjModel* m, mjData* d, int env, void* arg) {
   }
   if (finite) {
     task.Act(m, d, action, memory);
-    const std::uint32_t raised = GuardedSteps(m, d, spec.frame_skip, self.pool_->state_row(env));
+    const std::uint32_t raised = GuardedSteps(m, d, spec.frame_skip, self.pool_->state_row(env),
+                                                spec.max_speed);
     if (raised) {
       // rolled back: derived quantities must describe the restored state; the episode ends
       self.pool_->MarkStatus(env, raised);

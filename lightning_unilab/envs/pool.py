@@ -28,12 +28,15 @@ import mujoco
 import numpy as np
 from mujoco import batch as mjbatch
 
-from lightning_omnilab.validate import positive_int
+from lightning_omnilab.validate import number, positive_int
 from lightning_unilab import _core
 
-__all__ = ["BatchEnvPool", "STATUS_ERROR", "broadcast_real", "describe_status", "load_model"]
+__all__ = ["BatchEnvPool", "STATUS_ERROR", "STATUS_TOO_FAST", "broadcast_real", "describe_status",
+           "load_model"]
 
 STATUS_ERROR: int = _core.STATUS_ERROR
+# a substep left some |qvel| above the step's max_speed; the env was rolled back
+STATUS_TOO_FAST: int = _core.STATUS_TOO_FAST
 
 # MjData fields stored in the state rows, by mjtState component
 _STATE_FIELDS: dict[str, mujoco.mjtState] = {
@@ -90,11 +93,14 @@ Ids = np.ndarray | Sequence[int] | None
 
 
 def describe_status(bits: int) -> list[str]:
-    """Names of the MuJoCo warnings (and 'error') recorded in one status entry."""
+    """Names of what one status entry recorded: MuJoCo warnings, 'too_fast' (a substep passed
+    ``max_speed``), 'bad_action' (a non-finite action) and 'error' (a MuJoCo error)."""
     warnings = mujoco.mjtWarning.__members__.values()
     names = [w.name for w in warnings if int(w) < _core.NUM_WARNINGS and bits & (1 << int(w))]
-    if bits & STATUS_ERROR:
-        names.append("error")
+    for bit, name in ((STATUS_TOO_FAST, "too_fast"), (_core.STATUS_BAD_ACTION, "bad_action"),
+                      (STATUS_ERROR, "error")):
+        if bits & bit:
+            names.append(name)
     return names
 
 
@@ -275,7 +281,8 @@ class BatchEnvPool:
 
     @property
     def status(self) -> np.ndarray:
-        """Read-only (num_envs,) uint32: warning bits and STATUS_ERROR since each env's reset."""
+        """Read-only (num_envs,) uint32: warning bits, STATUS_TOO_FAST and STATUS_ERROR since each
+        env's reset (``describe_status`` names them)."""
         self.core  # noqa: B018
         return self._status
 
@@ -321,16 +328,20 @@ class BatchEnvPool:
 
     # ------------------------------------------------------------------ calls
 
-    def step(self, ids: Ids = None, nstep: int = 1, stage: str | int | None = None) -> None:
+    def step(self, ids: Ids = None, nstep: int = 1, stage: str | int | None = None,
+             max_speed: float = 0.0) -> None:
         """Advance the selected envs by nstep substeps with their controls held.
 
         Only the final state is kept; outputs describe it (see ``stage``). Envs that go
         unstable keep the state they had before the call and get their warning bits in
-        ``status``; envs not selected are untouched.
+        ``status``; envs not selected are untouched. ``max_speed`` > 0 also counts as unstable
+        a substep that leaves some ``|qvel|`` above it (bit ``STATUS_TOO_FAST``): a finite
+        blow-up, which raises no MuJoCo warning.
         """
         nstep = positive_int("nstep", nstep)
         stage = self._stage if stage is None else _stage(stage)
-        self.core.step(self.select(ids), int(nstep), stage)
+        number("max_speed", max_speed, low=0)
+        self.core.step(self.select(ids), int(nstep), stage, float(max_speed))
 
     def forward(self, ids: Ids = None, stage: str | int = "acc") -> None:
         """Compute outputs at the current state without advancing it."""

@@ -596,10 +596,15 @@ class TaskVectorEnv:
         if not len(active):
             return
         status_before = self.pool.status[active].copy()
+        ctrl_before = self.pool.ctrl[active]  # a copy: fancy indexing
         task.act(self.pool, active, actions[active], self._memory)
-        self.pool.step(active.astype(np.int32), nstep=spec.frame_skip, stage="none")
+        self.pool.step(active.astype(np.int32), nstep=spec.frame_skip, stage="none",
+                       max_speed=spec.max_speed)
         raised = self.pool.status[active] != status_before
         if raised.any():
+            # the whole state from before the step, its controls too, as the C++ task's rollback
+            # (act wrote this step's controls into the pool's state rows, which the pool restored)
+            self.pool.ctrl[active[raised]] = ctrl_before[raised]
             self.pool.forward(active[raised].astype(np.int32), "acc")
         tr = task.evaluate(self.pool, active, actions[active], self._memory)
         truncated = np.zeros(len(active), bool) if tr.truncated.size == 0 else tr.truncated.copy()

@@ -1,12 +1,13 @@
-"""APPOModule: asynchronous PPO with V-trace as a LightningModule (manual optimization).
+"""APPOModule: asynchronous PPO as a LightningModule (manual optimization).
 
 One ``training_step`` is one rollout slot from the data module ([T, N] time-major, see
-:mod:`lightning_unilab.runtime.rollout`): V-trace targets and advantages, then
-``epochs x minibatches`` PPO-clip steps, then the observation statistics and the new weights go
-to the collector. The same code runs synchronous PPO (the collector waits for each new version,
-so the data is on-policy and V-trace reduces to GAE) and asynchronous APPO (the collector runs
-ahead on slightly older weights; V-trace and the behaviour ratio correct for it). The losses,
-term by term, are in docs/unilab/appo.md.
+:mod:`lightning_unilab.runtime.rollout`): targets and advantages, then ``epochs x minibatches``
+PPO-clip steps, then the observation statistics and the new weights go to the collector. The
+same code runs synchronous PPO (the collector waits for each new version, so the data is
+on-policy but for one normalizer update, and V-trace corrects that) and asynchronous APPO (the
+collector runs ahead on slightly older weights: GAE targets on the data as collected, and the
+decoupled surrogate's weights correct the policy gradient). The losses, term by term, are in
+docs/unilab/appo.md.
 
 Manual optimization because one batch takes many optimizer steps with an adaptive learning rate
 between them, which Lightning's automatic loop (one step per batch) does not express.
@@ -53,7 +54,7 @@ from lightning_unilab.learner.policy import (
     check_activation,
     hidden_sizes,
 )
-from lightning_unilab.learner.returns import bootstrap_truncated, episode_discounts, vtrace
+from lightning_unilab.learner.returns import bootstrap_truncated, episode_discounts, gae, vtrace
 
 __all__ = ["APPOModule", "PreparedSlot", "adapted_lr", "next_actor_lr"]
 
@@ -67,6 +68,7 @@ _BATCH_KEYS = ("obs", "critic_obs", "actions", "behaviour_logp", "behaviour_mean
 
 # when the adaptive lr moves: once per update on its KL, or before each minibatch's step
 ADAPT_LR_EVERY = ("update", "minibatch")
+ADVANTAGE_ESTIMATORS = ("auto", "vtrace", "gae")
 _TERMS = ("loss", "policy_loss", "value_loss", "entropy", "kl", "approx_kl", "clip_fraction")
 # the metrics Lightning tracks (trainer.callback_metrics: checkpoint monitors, early stopping,
 # the progress bar); every other metric of a step goes straight to the loggers at the same
@@ -90,7 +92,7 @@ class PreparedSlot:
     old_mean: Tensor  # [B, act] pre-update policy: the KL reference of the adaptive lr
     old_log_std: Tensor  # [B, act]
     old_values: Tensor  # [B] values the targets were computed with (value clipping)
-    returns: Tensor  # [B] V-trace targets
+    returns: Tensor  # [B] value targets (V-trace or GAE)
     advantages: Tensor  # [B] (normalized if asked)
     behaviour_kl: float  # KL(behaviour || pre-update policy): how off-policy the slot is
     is_weight_mean: float = 1.0  # mean of min(rho_bar, pi_target / mu): 1 on-policy
@@ -124,7 +126,7 @@ def next_actor_lr(lr: float, kl: float, overshoot: float | None, desired_kl: flo
 
 
 class APPOModule(pl.LightningModule):
-    """Actor-critic trained with PPO-clip on V-trace targets, one rollout slot per step.
+    """Actor-critic trained with PPO-clip, one rollout slot per step.
 
     Args:
         actor_hidden, critic_hidden, activation, init_log_std, normalize_obs: the
@@ -141,6 +143,13 @@ class APPOModule(pl.LightningModule):
             the learner's policy favours less than the collector's shortens the trace and none
             lengthens it, so lagged data gets nearly one-step advantages (docs/unilab/appo.md,
             "Stale data").
+        advantage_estimator: "vtrace" (targets and advantages corrected by the IS weights
+            above), "gae" (GAE(lambda) on the slot as collected, as PPO treats its data) or
+            "auto": V-trace for a slot the current weights collected (sync mode: off-policy by
+            one normalizer update, weights near 1), GAE for a slot one or more updates old,
+            where the weights' variance costs more than the bias they remove
+            (docs/unilab/appo.md, "Stale data"). The surrogate corrects for the lag either way
+            (``ratio_form``).
         clip_ratio: PPO clip epsilon. ratio_form: "decoupled" (pi / pi_prox clipped, weighted by
             min(rho_bar, pi_prox / mu); pi_prox: the pre-update or target policy), "behaviour"
             (pi / mu) or "impact" (pi / max(mu, pi_target)). All three equal PPO on-policy.
@@ -190,6 +199,7 @@ class APPOModule(pl.LightningModule):
         gae_lambda: float = 0.95,
         rho_bar: float = 1.0,
         c_bar: float = 100.0,
+        advantage_estimator: str = "auto",
         clip_ratio: float = 0.2,
         ratio_form: str = "decoupled",
         value_clip: float | None = 0.2,
@@ -226,6 +236,7 @@ class APPOModule(pl.LightningModule):
         probability("gae_lambda", gae_lambda)
         positive_number("rho_bar", rho_bar)
         positive_number("c_bar", c_bar)
+        one_of("advantage_estimator", advantage_estimator, ADVANTAGE_ESTIMATORS)
         number("clip_ratio", clip_ratio, low=0, high=1, low_open=True)
         one_of("ratio_form", ratio_form, RATIO_FORMS)
         positive_number("value_clip", value_clip, none_ok=True)
@@ -367,10 +378,17 @@ class APPOModule(pl.LightningModule):
         rewards = bootstrap_truncated(batch["rewards"].float(), batch["terminated"],
                                       batch["truncated"], final_values, hp.gamma)
         discounts = episode_discounts(batch["terminated"], batch["truncated"], hp.gamma)
-        log_rhos = target_logp - behaviour_logp
-        returns, adv = vtrace(values, last_values, rewards, discounts,
-                              log_rhos, lam=hp.gae_lambda,
-                              rho_bar=hp.rho_bar, c_bar=hp.c_bar)
+        lag = self.policy_version - int(batch.get("stats", {}).get("policy_version",
+                                                                   self.policy_version))
+        estimator = hp.advantage_estimator
+        if estimator == "auto":
+            estimator = "gae" if lag > 0 else "vtrace"
+        if estimator == "gae":
+            returns, adv = gae(values, last_values, rewards, discounts, hp.gae_lambda)
+        else:
+            returns, adv = vtrace(values, last_values, rewards, discounts,
+                                  target_logp - behaviour_logp, lam=hp.gae_lambda,
+                                  rho_bar=hp.rho_bar, c_bar=hp.c_bar)
         if hp.normalize_advantages:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         old_log_std = dist.stddev.log()
@@ -636,7 +654,8 @@ class APPOModule(pl.LightningModule):
         if not stats:
             return
         logs: dict[str, float] = {}
-        for key in ("env_steps_per_s", "env_steps", "wait_s", "episodes", "slots_dropped"):
+        for key in ("env_steps_per_s", "env_steps", "wait_s", "episodes", "unstable_episodes",
+                    "slots_dropped"):
             if key in stats:
                 logs[f"rollout/{key}"] = float(stats[key])
         ret = float(stats.get("episode_return_mean", math.nan))

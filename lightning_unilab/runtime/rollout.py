@@ -28,6 +28,9 @@ env_steps           [] int64          env steps of this collector so far, this r
 episodes            [] int64          episodes that ended in this rollout
 episode_return_sum  [] f64            sum of their returns
 episode_length_sum  [] int64          sum of their lengths
+unstable_episodes   [] int64          of them, those the env cut for instability (nonzero
+                                      status: a MuJoCo warning, a speed past the task's
+                                      max_speed, a non-finite action; rolled back)
 episodes_total      [] int64          episodes ended since the collector started
 recent_return_mean  [] f64            mean return of this rollout's episodes, or of the latest
 recent_length_mean  [] f64            rollout that had any (NaN before the first episode ends)
@@ -46,6 +49,7 @@ scalars with exactly these keys, which the learner logs:
 
 - ``episodes``: episodes that ended in this rollout (int)
 - ``episodes_total``: episodes ended since the collector started (int)
+- ``unstable_episodes``: episodes of this rollout cut for instability (int; see above)
 - ``episode_return_mean``, ``episode_length_mean``: ``recent_*_mean`` above (float; NaN until
   the first episode ends, so log them only when ``episodes_total > 0``)
 - ``env_steps``: env steps of the collector so far (int)
@@ -76,11 +80,12 @@ __all__ = ["RolloutSpec", "RolloutState", "as_tensors", "collect", "STATS_KEYS"]
 ALIGN = 64  # every field starts on a cache line: no false sharing, aligned atomics in headers
 
 STATS_KEYS = ("episodes", "episodes_total", "episode_return_mean", "episode_length_mean",
-              "env_steps", "env_steps_per_s", "policy_version", "seq", "wait_s", "step_info")
+              "unstable_episodes", "env_steps", "env_steps_per_s", "policy_version", "seq",
+              "wait_s", "step_info")
 
 _SCALARS: dict[str, type] = {
     "policy_version": np.int64, "seq": np.int64, "env_steps": np.int64, "episodes": np.int64,
-    "episode_return_sum": np.float64, "episode_length_sum": np.int64,
+    "episode_return_sum": np.float64, "episode_length_sum": np.int64, "unstable_episodes": np.int64,
     "episodes_total": np.int64, "recent_return_mean": np.float64,
     "recent_length_mean": np.float64, "collect_s": np.float64,
 }
@@ -283,7 +288,7 @@ def collect(
     buf = state.buffers
     info_mean = arrays.get("info_mean")
     info_sum = np.zeros(len(env.spec.info_names)) if info_mean is not None else None
-    ret_sum, len_sum, episodes = 0.0, 0, 0
+    ret_sum, len_sum, episodes, unstable = 0.0, 0, 0, 0
     critic_is_obs = buf.critic is None
     for t in range(horizon):
         obs_t = arrays["obs"][t]
@@ -310,6 +315,8 @@ def collect(
             episodes += int(done.sum())
             ret_sum += float(buf.episode_return[done].sum())
             len_sum += int(buf.episode_length[done].sum())
+            if buf.status is not None:  # read before the same-step restart cleared the pool's
+                unstable += int(np.count_nonzero(buf.status[done]))
     np.copyto(arrays["last_critic_obs"], state.critic, casting="same_kind")
     # detach the flag rows from the batch again: the next call may get other arrays
     buf.terminated = np.zeros(env.num_envs, bool)
@@ -323,6 +330,7 @@ def collect(
     scalars = {
         "policy_version": state.policy_version, "seq": state.seq, "env_steps": state.env_steps,
         "episodes": episodes, "episode_return_sum": ret_sum, "episode_length_sum": len_sum,
+        "unstable_episodes": unstable,
         "episodes_total": state.episodes_total, "recent_return_mean": state.recent_return_mean,
         "recent_length_mean": state.recent_length_mean,
         "collect_s": time.perf_counter() - start,
@@ -352,6 +360,7 @@ def stats_of(arrays: dict[str, np.ndarray], wait_s: float = 0.0,
         "episodes_total": int(arrays["episodes_total"]),
         "episode_return_mean": float(arrays["recent_return_mean"]),
         "episode_length_mean": float(arrays["recent_length_mean"]),
+        "unstable_episodes": int(arrays["unstable_episodes"]),
         "env_steps": int(arrays["env_steps"]),
         "env_steps_per_s": n / collect_s if collect_s > 0 else float("nan"),
         "policy_version": int(arrays["policy_version"]),

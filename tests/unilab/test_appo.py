@@ -213,6 +213,30 @@ def test_prepare_bootstraps_truncation_not_termination(terminated0, want0):
     assert slot.behaviour_kl == pytest.approx(0.0, abs=1e-7)
 
 
+
+def test_gae_estimator_ignores_the_lag_in_targets_not_in_the_surrogate():
+    """advantage_estimator="gae": a lagged slot gets the on-policy hand values (above); its
+    surrogate still carries the decoupled weights min(1, pi_prox / mu)."""
+    policy = _linear_critic_policy()
+    batch = _hand_batch(policy, terminated0=False)
+    lagged = batch | {"behaviour_logp": batch["behaviour_logp"] + 0.7}  # pi / mu = e^-0.7
+    modules = {estimator: APPOModule(policy=policy, gamma=0.5, gae_lambda=1.0,
+                                     normalize_advantages=False, advantage_estimator=estimator)
+               for estimator in ("gae", "vtrace", "auto")}
+    slots = {estimator: module.prepare(lagged) for estimator, module in modules.items()}
+    torch.testing.assert_close(slots["gae"].returns, torch.tensor([6.0, 3.0]))
+    torch.testing.assert_close(slots["gae"].advantages, torch.tensor([5.0, 1.0]))
+    # V-trace scales each TD error by rho = e^-0.7: v_1 = 2 + rho * 1, v_0 = 1 + rho * 5
+    rho = torch.tensor(-0.7).exp()
+    torch.testing.assert_close(slots["vtrace"].returns, torch.stack([1 + 5 * rho, 2 + rho]))
+    with torch.no_grad():
+        terms = modules["gae"].loss_terms(slots["gae"])
+    assert terms["policy_loss"].item() == pytest.approx(-(rho * 6.0 / 2).item(), rel=1e-5)
+    # "auto": V-trace for a slot of the current weights (lag 0 here), GAE for an older one
+    torch.testing.assert_close(slots["auto"].returns, slots["vtrace"].returns)
+    modules["auto"].policy_version = 1  # the slot is now one update old
+    torch.testing.assert_close(modules["auto"].prepare(lagged).returns, slots["gae"].returns)
+
 # ---------------------------------------------------------------- updates through a Trainer
 
 SMALL = {"actor_hidden": (32, 32), "critic_hidden": (32, 32), "epochs": 2, "minibatches": 2}
@@ -464,6 +488,8 @@ def test_bad_hyperparameters_name_the_argument():
         APPOModule(gae_lambda=1.5)
     with pytest.raises(ValueError, match="ratio_form"):
         APPOModule(ratio_form="ppo")
+    with pytest.raises(ValueError, match="advantage_estimator"):
+        APPOModule(advantage_estimator="retrace")
     with pytest.raises(ValueError, match="max_policy_lag"):
         APPOModule(max_policy_lag=-1)
     with pytest.raises(ValueError, match="minibatches"):

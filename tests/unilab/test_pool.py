@@ -16,8 +16,8 @@ from unilab_models import ARM_XML, INTEGRATION, random_ctrl, serial_steps
 
 import lightning_unilab
 from lightning_unilab import BatchEnvPool, describe_status
-from lightning_unilab.envs.pool import STATUS_ERROR
-from lightning_unilab.envs.vector_env import TaskVectorEnv
+from lightning_unilab.envs.pool import STATUS_ERROR, STATUS_TOO_FAST
+from lightning_unilab.envs.vector_env import STATUS_BAD_ACTION, TaskVectorEnv
 
 
 def started(model: mujoco.MjModel, n: int, threads: int = 2, **kwargs) -> BatchEnvPool:
@@ -435,6 +435,38 @@ def test_unstable_env_is_flagged_and_others_finish(arm_model, poison):
 def test_status_bits_decode():
     warn = int(mujoco.mjtWarning.mjWARN_BADQACC)
     assert describe_status((1 << warn) | STATUS_ERROR) == ["mjWARN_BADQACC", "error"]
+    assert describe_status(STATUS_TOO_FAST | STATUS_BAD_ACTION) == ["too_fast", "bad_action"]
+
+
+def _substep_speeds(model: mujoco.MjModel, row: np.ndarray, nstep: int) -> np.ndarray:
+    """max |qvel| after each of nstep plain mj_step calls from a state row."""
+    data = mujoco.MjData(model)
+    mujoco.mj_setState(model, data, row, INTEGRATION)
+    speeds = []
+    for _ in range(nstep):
+        mujoco.mj_step(model, data)
+        speeds.append(np.abs(data.qvel).max())
+    return np.array(speeds)
+
+
+def test_speed_bound_rolls_back_a_finite_blow_up_after_any_substep(arm_model):
+    """max_speed catches a finite blow-up that no MuJoCo warning sees, after any substep."""
+    pool = started(arm_model, 4)
+    pool.qvel[2] = 50.0  # finite, far below MuJoCo's bound of 1e10: no warning
+    rows = pool.state.copy()
+    speeds = {env: _substep_speeds(arm_model, rows[env], 5) for env in range(4)}
+    peak = speeds[2].max()
+    assert speeds[2][-1] < peak and all(speeds[e].max() < peak / 2 for e in (0, 1, 3))
+    # above the peak, at 0 (off), and between the last substep's speed and the peak
+    for bound, flagged in ((peak * 1.001, False), (0.0, False), ((speeds[2][-1] + peak) / 2, True)):
+        pool.reset(initial_state=rows)
+        pool.step(nstep=5, max_speed=bound)
+        assert list(pool.status) == [0, 0, STATUS_TOO_FAST if flagged else 0, 0], bound
+        for env in range(4):
+            want = rows[env] if flagged and env == 2 else serial_steps(arm_model, rows[env], 5)
+            np.testing.assert_array_equal(pool.state[env], want)
+    with pytest.raises(ValueError, match="max_speed: expected a number >= 0"):
+        pool.step(max_speed=-1.0)
 
 
 # ---------------------------------------------------------------- 8. Python face

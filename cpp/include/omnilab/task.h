@@ -53,6 +53,7 @@ struct TaskSpec {
   int max_episode_steps = 0;   // truncation; 0: none
   int memory_size = 0;         // mjtNum per env kept between steps (last action, command ...)
   int resample_steps = 0;      // commands are resampled every this many steps; 0: per episode
+  double max_speed = 0;        // roll back and truncate when a substep leaves |qvel| above it; 0: off
   std::vector<double> action_low, action_high;
   // Named per-step diagnostics (reward terms, positions, velocities) written by Evaluate into
   // Transition::info; the first reset_info_size of them are also written at episode start.

@@ -41,6 +41,11 @@ const TaskParams& Defaults() {
       // from this parameter before the pool is built); the task checks that it does.
       {"timestep", 0.005},
       {"episode_length_s", 20.0},
+      // rad/s (m/s on the base's linear dofs): a substep that leaves any dof faster is rolled
+      // back and its episode truncated, as after a MuJoCo warning. A trained policy met a finite
+      // blow-up (thousands of rad/s, no warning) that poisoned the observation normalizer;
+      // random actions stay below 27 rad/s at 5 ms (docs/unilab/tasks.md, "Stability"). 0: off
+      {"max_speed", 100.0},
       {"resample_steps", 0},
       {"action_scale", 0.5},
       {"reset_joint_noise", 0.1},
@@ -127,6 +132,11 @@ class G1WalkFlat : public Task {
     dt_ = spec_.frame_skip * timestep;
     spec_.max_episode_steps = static_cast<int>(std::lround(Param(p, "episode_length_s") / dt_));
     spec_.resample_steps = static_cast<int>(Param(p, "resample_steps"));
+    spec_.max_speed = Param(p, "max_speed");
+    if (!(spec_.max_speed >= 0) || !std::isfinite(spec_.max_speed)) {
+      throw std::invalid_argument("g1-walk-flat: max_speed must be a finite number >= 0 (0: no "
+                                  "bound), got " + Num(spec_.max_speed));
+    }
     spec_.obs_size = kObs;
     spec_.critic_size = kCritic;
     spec_.action_size = kJoints;

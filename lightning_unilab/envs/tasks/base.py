@@ -36,6 +36,9 @@ class TaskSpec:
     critic_size: int = 0
     memory_size: int = 0
     resample_steps: int = 0
+    # a substep leaving some |qvel| above it is rolled back and its episode truncated (status
+    # STATUS_TOO_FAST), as after a MuJoCo warning; 0: no bound
+    max_speed: float = 0.0
     # named per-step diagnostics (reward terms ...); the first reset_info_size also at reset
     info_names: tuple[str, ...] = ()
     reset_info_size: int = 0

@@ -66,6 +66,7 @@ class G1Params:
     ctrl_dt: float
     timestep: float  # the physics step, model.opt.timestep: ctrl_dt / timestep substeps
     episode_length_s: float
+    max_speed: float  # rad/s (m/s): roll back and truncate a faster substep; 0: off
     resample_steps: float
     action_scale: float
     reset_joint_noise: float
@@ -132,6 +133,9 @@ class G1WalkFlat(NumpyTask):
     def _setup(self, m: mujoco.MjModel) -> None:
         p = self.p
         self.frame_skip = frame_skip(p.ctrl_dt, p.timestep)
+        if not (math.isfinite(p.max_speed) and p.max_speed >= 0):
+            raise ValueError(f"g1-walk-flat: max_speed must be a finite number >= 0 (0: no "
+                             f"bound), got {p.max_speed!r}")
         if m.opt.timestep != p.timestep:
             raise ValueError(f"g1-walk-flat: the model's opt.timestep {m.opt.timestep!r} is not "
                              f"the task's timestep {p.timestep!r}")
@@ -170,6 +174,7 @@ class G1WalkFlat(NumpyTask):
                         frame_skip=self.frame_skip,
                         max_episode_steps=round(self.p.episode_length_s / self.dt),
                         memory_size=MEMORY, resample_steps=int(self.p.resample_steps),
+                        max_speed=self.p.max_speed,
                         action_low=-np.ones(JOINTS), action_high=np.ones(JOINTS))
 
     # ------------------------------------------------------------------ array level
