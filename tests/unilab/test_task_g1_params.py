@@ -18,7 +18,7 @@ def test_the_numpy_twin_takes_its_names_and_defaults_from_the_cpp_table() -> Non
     assert {f.name for f in dataclasses.fields(G1Params)} == set(table)
     assert dataclasses.asdict(G1WalkFlat().p) == table
     assert table["ctrl_dt"] == 0.02 and table["w_torques"] == -1e-5  # the table, not zeros
-    assert table["timestep"] == 0.005  # 4 substeps of 5 ms per 20 ms control step
+    assert table["timestep"] == 0.002  # 10 substeps of 2 ms per 20 ms control step
 
 
 @pytest.mark.parametrize("timestep, substeps", [(0.002, 10), (0.005, 4), (0.02 / 3, 3),

@@ -36,10 +36,16 @@ constexpr double kStepRatioTolerance = 1e-4;  // of ctrl_dt / timestep, from a w
 const TaskParams& Defaults() {
   static const TaskParams defaults = {
       {"ctrl_dt", 0.02},
-      // the physics step: 4 x 5 ms per control step (Isaac Lab's G1 velocity task), not the
-      // scene's own 2 ms x 10. The model must carry it (TaskVectorEnv sets m->opt.timestep
-      // from this parameter before the pool is built); the task checks that it does.
-      {"timestep", 0.005},
+      // the physics step: the scene's own 10 x 2 ms per control step. 4 x 5 ms (Isaac Lab's G1
+      // velocity task) is stable under random and zero actions but not under a trained policy:
+      // 2% of its env steps passed 100 rad/s, peaks of thousands (docs/unilab/tasks.md,
+      // "Stability"). The model must carry it (TaskVectorEnv sets m->opt.timestep from this
+      // parameter before the pool is built); the task checks that it does.
+      {"timestep", 0.002},
+      // 1: MuJoCo's implicit joint damping in the Euler integrator, which the scene turns off
+      // (for MJX). On, the trained policy's blow-ups at 5 ms fell 380x, but the standing robot
+      // jitters (joint speeds to 73 rad/s under zero actions). A model-level parameter too.
+      {"eulerdamp", 0.0},
       {"episode_length_s", 20.0},
       // rad/s (m/s on the base's linear dofs): a substep that leaves any dof faster is rolled
       // back and its episode truncated, as after a MuJoCo warning. A trained policy met a finite
@@ -128,6 +134,15 @@ class G1WalkFlat : public Task {
           " is not the task's timestep " + Num(timestep) +
           " (set model.opt.timestep to the task's timestep before building the pool, as "
           "TaskVectorEnv does)");
+    }
+    const double eulerdamp = Param(p, "eulerdamp");
+    if (eulerdamp != 0 && eulerdamp != 1) {
+      throw std::invalid_argument("g1-walk-flat: eulerdamp must be 0 or 1, got " + Num(eulerdamp));
+    }
+    if ((eulerdamp != 0) == ((m->opt.disableflags & mjDSBL_EULERDAMP) != 0)) {
+      throw std::invalid_argument(
+          "g1-walk-flat: the model's eulerdamp flag is not the task's eulerdamp " + Num(eulerdamp) +
+          " (set it in model.opt.disableflags before building the pool, as TaskVectorEnv does)");
     }
     dt_ = spec_.frame_skip * timestep;
     spec_.max_episode_steps = static_cast<int>(std::lround(Param(p, "episode_length_s") / dt_));

@@ -62,6 +62,19 @@ class ModelParam:
 TIMESTEP = ModelParam("opt.timestep", set_timestep)
 
 
+def set_eulerdamp(model: mujoco.MjModel, eulerdamp: float) -> None:
+    """A task's ``eulerdamp`` parameter (0 or 1): the Euler integrator's implicit joint damping,
+    model.opt.disableflags's mjDSBL_EULERDAMP bit cleared (1) or set (0)."""
+    if eulerdamp not in (0, 1):
+        raise ValueError(f"eulerdamp: expected 0 or 1, got {eulerdamp!r}")
+    bit = int(mujoco.mjtDisableBit.mjDSBL_EULERDAMP)
+    flags = int(model.opt.disableflags)
+    model.opt.disableflags = flags & ~bit if eulerdamp else flags | bit
+
+
+EULERDAMP = ModelParam("opt.disableflags", set_eulerdamp)
+
+
 @dataclass(frozen=True)
 class TaskInfo:
     """A registered task: its model's XML, its numpy twin (if any), and its model-level
@@ -123,7 +136,7 @@ _TASKS: dict[str, TaskInfo] = {
     "InvertedPendulum-v5": TaskInfo("InvertedPendulum-v5",
                                     lambda: gym_xml("inverted_pendulum.xml")),
     "g1-walk-flat": TaskInfo("g1-walk-flat", g1_xml, _g1_numpy,
-                             model_params={"timestep": TIMESTEP}),
+                             model_params={"timestep": TIMESTEP, "eulerdamp": EULERDAMP}),
 }
 
 

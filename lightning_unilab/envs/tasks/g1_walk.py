@@ -65,6 +65,7 @@ class G1Params:
 
     ctrl_dt: float
     timestep: float  # the physics step, model.opt.timestep: ctrl_dt / timestep substeps
+    eulerdamp: float  # 1: the Euler integrator's implicit damping on (model.opt.disableflags)
     episode_length_s: float
     max_speed: float  # rad/s (m/s): roll back and truncate a faster substep; 0: off
     resample_steps: float
@@ -136,6 +137,10 @@ class G1WalkFlat(NumpyTask):
         if not (math.isfinite(p.max_speed) and p.max_speed >= 0):
             raise ValueError(f"g1-walk-flat: max_speed must be a finite number >= 0 (0: no "
                              f"bound), got {p.max_speed!r}")
+        damped = not int(m.opt.disableflags) & int(mujoco.mjtDisableBit.mjDSBL_EULERDAMP)
+        if p.eulerdamp not in (0, 1) or damped != bool(p.eulerdamp):
+            raise ValueError(f"g1-walk-flat: eulerdamp must be 0 or 1 and the model's flag, got "
+                             f"{p.eulerdamp!r} (the model's: {int(damped)})")
         if m.opt.timestep != p.timestep:
             raise ValueError(f"g1-walk-flat: the model's opt.timestep {m.opt.timestep!r} is not "
                              f"the task's timestep {p.timestep!r}")
