@@ -48,6 +48,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_omnilab import quiet
 from lightning_omnilab.validate import boolean, one_of, positive_number
 from lightning_unilab.envs.randomization import Randomization, randomization_config
+from lightning_unilab.envs.tasks import pin_model_params
 from lightning_unilab.envs.tasks.base import NumpyTask
 from lightning_unilab.envs.tasks.ref import task_config
 from lightning_unilab.runtime.checkpoint_arrays import pack, unpack
@@ -242,6 +243,9 @@ class RolloutDataModule(pl.LightningDataModule):
         # class as {class_path, init_args}, a user's randomization likewise
         task, env_randomization = task_config(task), randomization
         randomization = randomization_config(randomization)  # type: ignore[assignment]
+        # the physics step and like parameters at their values now: a checkpoint evaluated or
+        # resumed after a default moved keeps the physics it trained on
+        task_kwargs = pin_model_params(task, task_kwargs)
         self.save_hyperparameters()
         randomization = env_randomization
         self.task = task

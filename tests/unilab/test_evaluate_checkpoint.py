@@ -131,3 +131,25 @@ def test_episodes_must_be_positive(trained, tmp_path, capsys):
     with pytest.raises(SystemExit):
         _main(["checkpoint", str(ckpt), "--out", str(tmp_path), "--episodes", "0"])
     assert "--episodes: expected a positive number of episodes, got 0" in capsys.readouterr().err
+
+
+def test_a_g1_checkpoint_names_the_physics_step_it_trained_at():
+    """The data module saves the model-level parameters at their values now, so a checkpoint is
+    evaluated (and resumed) at its own step after the default moves; given ones are kept."""
+    from lightning_unilab import _core
+    from lightning_unilab.evaluate import checkpoint_evaluation
+    from lightning_unilab.runtime.data import RolloutDataModule
+
+    defaults = _core.task_defaults("g1-walk-flat")
+    saved = RolloutDataModule("g1-walk-flat", num_envs=2, horizon=2).hparams
+    assert saved["task_kwargs"] == {"params": {"timestep": defaults["timestep"],
+                                               "eulerdamp": defaults["eulerdamp"]}}
+    given = RolloutDataModule("g1-walk-flat", num_envs=2, horizon=2,
+                              task_kwargs={"params": {"timestep": 0.005, "w_alive": 1.0}})
+    params = given.hparams["task_kwargs"]["params"]
+    assert params == {"timestep": 0.005, "w_alive": 1.0, "eulerdamp": defaults["eulerdamp"]}
+    assert given.config.task_kwargs["params"] == params  # the collector's env: the same
+    run = checkpoint_evaluation({"datamodule_hyper_parameters": dict(given.hparams)})
+    assert run.task_kwargs["params"]["timestep"] == 0.005
+    # tasks without model-level parameters: as given
+    assert RolloutDataModule("HalfCheetah-v5", num_envs=2, horizon=2).hparams["task_kwargs"] is None

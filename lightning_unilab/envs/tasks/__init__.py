@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import mujoco
 
@@ -22,7 +23,7 @@ from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec, Transition
 from lightning_unilab.envs.tasks.rng import EnvRng
 
 __all__ = ["EnvRng", "ModelParam", "NumpyTask", "TaskInfo", "TaskSpec", "Transition", "get",
-           "load_model", "model_param_fields", "set_timestep", "task_names"]
+           "load_model", "model_param_fields", "pin_model_params", "set_timestep", "task_names"]
 
 
 def _package_dir(package: str, hint: str) -> Path:
@@ -150,6 +151,22 @@ def model_param_fields(name: str) -> dict[str, str]:
 def task_names() -> list[str]:
     """Every task name that ``get`` accepts."""
     return sorted(_TASKS)
+
+
+def pin_model_params(task: Any, task_kwargs: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``task_kwargs`` with a registered task's model-level parameters (g1-walk-flat's timestep,
+    eulerdamp) made explicit at today's defaults where not given: saved in a checkpoint, they name
+    the physics it trained on, whatever the defaults become later. Other tasks: unchanged."""
+    info = _TASKS.get(task) if isinstance(task, str) else None
+    if info is None or not info.model_params:
+        return None if task_kwargs is None else dict(task_kwargs)
+    kwargs = dict(task_kwargs or {})
+    params = dict(kwargs.get("params") or {})
+    defaults = _core.task_defaults(task)
+    for key in info.model_params:
+        params.setdefault(key, defaults[key])
+    kwargs["params"] = params
+    return kwargs
 
 
 def get(name: str) -> TaskInfo:
