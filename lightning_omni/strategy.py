@@ -29,6 +29,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
 from lightning_omnilab import quiet
+from lightning_omnilab.process_group import ReleaseAtExit
 from lightning_omnilab.validate import boolean, fail, one_of, positive_int, positive_number
 
 from . import _registration
@@ -166,6 +167,7 @@ class OmniStrategy(DDPStrategy):
         self.engine: OmniEngine | None = None
         self.spec: OmniSpec | None = None
         self.last_step: StepResult | None = None
+        self._release = ReleaseAtExit()  # the process group, once a run has ended cleanly
 
     # -- checks before processes and process groups exist --------------------------------
     def connect(self, model) -> None:
@@ -190,6 +192,11 @@ class OmniStrategy(DDPStrategy):
                              f"{self.pipeline_parallel * dp}")
         self.data_parallel = dp
         super().setup_environment()
+        self._release.arm()
+
+    def on_exception(self, exception: BaseException) -> None:
+        self._release.failed()
+        super().on_exception(exception)
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:

@@ -229,6 +229,7 @@ class StageExecutor:
                 busy += t1 - t0
         for posted in list(st.pending.values()):  # plans without completion points
             self._wait(posted)
+        st.pending.clear()  # no finished work (and its tensor) outlives the step
         if st.outbox or st.inbox:
             raise OmniRuntimeError(f"messages left unposted {list(st.outbox)[:4]} or "
                                    f"never received {list(st.inbox)[:4]} by the plan")

@@ -9,6 +9,7 @@ by ``python -m lightning_unilab.train`` (``--trainer.callbacks+=`` it).
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from typing import Any
@@ -26,6 +27,22 @@ def where(trainer: pl.Trainer) -> dict[str, Any]:
             "environment": type(trainer.strategy.cluster_environment).__name__}
 
 
+class GroupAtExit:
+    """Writes ``out_dir/rank{rank}.exit``: whether the process group still existed when the
+    interpreter began to finalize. Made before the run, so its exit handler runs after those
+    the run registers (the library's release of the group)."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+        self.rank: int | None = None
+        atexit.register(self._write)
+
+    def _write(self) -> None:
+        if self.rank is not None:
+            with open(os.path.join(self.out_dir, f"rank{self.rank}.exit"), "w") as f:
+                f.write("up" if dist.is_initialized() else "destroyed")
+
+
 class RankReport(pl.Callback):
     """A UniLab learner rank: its ranks, its collector's seed, the first rollout's start
     observations and the policy's final parameters, to ``out_dir/rank{global_rank}.pt``."""
@@ -33,6 +50,7 @@ class RankReport(pl.Callback):
     def __init__(self, out_dir: str) -> None:
         self.out_dir = out_dir
         self.first: dict[str, Any] | None = None
+        self.at_exit = GroupAtExit(out_dir)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.first is None:
@@ -40,6 +58,7 @@ class RankReport(pl.Callback):
                           "first_obs": batch["obs"][0].clone()}
 
     def on_train_end(self, trainer, pl_module) -> None:
+        self.at_exit.rank = trainer.global_rank
         params = torch.cat([p.detach().reshape(-1) for p in pl_module.policy.parameters()])
         torch.save({**where(trainer), **(self.first or {}), "params": params,
                     "steps": trainer.global_step},
@@ -70,6 +89,7 @@ def omni(out_dir: str, pp: int, dp: int, steps: int, batch: int, samples: int) -
     from lightning_omni import OmniStrategy
 
     model = make_model(0)
+    at_exit = GroupAtExit(out_dir)
     rec = _Record()
     strategy = OmniStrategy(pipeline_parallel=pp, data_parallel=dp)
     trainer = pl.Trainer(accelerator="cpu", num_nodes=2, devices=1, strategy=strategy,
@@ -77,6 +97,7 @@ def omni(out_dir: str, pp: int, dp: int, steps: int, batch: int, samples: int) -
                          enable_progress_bar=False, enable_model_summary=False,
                          use_distributed_sampler=False, callbacks=[rec])
     trainer.fit(model, datamodule=Shards(samples, batch))
+    at_exit.rank = trainer.global_rank
     hosted = strategy.engine.hosted_param_ids()
     torch.save({**where(trainer), "losses": rec.losses,
                 "params": {n: p.detach().clone() for n, p in model.named_parameters()

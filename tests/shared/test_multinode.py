@@ -108,6 +108,11 @@ def _launch(launcher, cmd: list[str], logs: Path) -> None:
 
 
 def _results(out: Path) -> list[dict]:
+    """What each rank saw; and every rank's run, having ended cleanly, destroyed its process
+    group before the interpreter finalized (a gloo group left to finalization can abort the
+    process after a run that succeeded)."""
+    for r in (0, 1):
+        assert (out / f"rank{r}.exit").read_text() == "destroyed", f"rank {r}"
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
 
 
