@@ -89,19 +89,26 @@ class Episode:
     def ret(self) -> float:
         return float(self.rewards.sum())
 
-    def tracking(self) -> dict[str, float] | None:
+    def tracking(self) -> dict[str, Any] | None:
         """Mean velocity-tracking errors against the command (locomotion tasks), and how many
-        times the command changed during the episode: from the G1's series, or from a task's
-        own terms of those names (a user's task reporting vx, vx_command ... in its info)."""
+        times the command changed during the episode, and the errors under each command (which
+        commands a policy follows and which not): from the G1's series, or from a task's own
+        terms of those names (a user's task reporting vx, vx_command ... in its info)."""
         s = {**self.terms, **self.series}
         if not {"vx", "vy", "yaw_rate", "vx_command", "vy_command", "yaw_rate_command"} <= set(s):
             return None
         lin = np.hypot(s["vx"] - s["vx_command"], s["vy"] - s["vy_command"])
         yaw = np.abs(s["yaw_rate"] - s["yaw_rate_command"])
         cmd = np.stack([s["vx_command"], s["vy_command"], s["yaw_rate_command"]], 1)
-        changes = int(np.any(np.diff(cmd, axis=0) != 0, axis=1).sum())
+        changed = np.any(np.diff(cmd, axis=0) != 0, axis=1)
+        starts = [0, *(np.flatnonzero(changed) + 1).tolist()]
+        per_command = [
+            {"start_s": a * self.dt, "steps": b - a, "command": cmd[a].tolist(),
+             "lin_vel_error_mps": float(lin[a:b].mean()),
+             "yaw_rate_error_radps": float(yaw[a:b].mean())}
+            for a, b in zip(starts, [*starts[1:], len(cmd)], strict=True)]
         return {"lin_vel_error_mps": float(lin.mean()), "yaw_rate_error_radps": float(yaw.mean()),
-                "command_changes": changes}
+                "command_changes": len(starts) - 1, "per_command": per_command}
 
     def summary(self) -> dict[str, Any]:
         return {"task": self.task, "return": self.ret, "length": self.length,

@@ -153,3 +153,26 @@ def test_a_g1_checkpoint_names_the_physics_step_it_trained_at():
     assert run.task_kwargs["params"]["timestep"] == 0.005
     # tasks without model-level parameters: as given
     assert RolloutDataModule("HalfCheetah-v5", num_envs=2, horizon=2).hparams["task_kwargs"] is None
+
+
+def test_tracking_errors_per_command():
+    from lightning_unilab.evaluate import Episode
+
+    # 2 steps under (1, 0, 0) then 3 under (0, 0.5, 0.2); closed-form errors per command
+    cmd = np.array([[1.0, 0.0, 0.0]] * 2 + [[0.0, 0.5, 0.2]] * 3)
+    vel = np.array([[0.4, 0.0, 0.0], [1.0, 0.8, 0.0],
+                    [0.0, 0.5, 0.2], [0.3, 0.9, 0.1], [0.0, 0.5, 0.5]])
+    names = ("vx", "vy", "yaw_rate")
+    series = {**{n: vel[:, i] for i, n in enumerate(names)},
+              **{f"{n}_command": cmd[:, i] for i, n in enumerate(names)}}
+    tracking = Episode("t", np.zeros(5), series=series, dt=0.02).tracking()
+    assert tracking["command_changes"] == 1
+    first, second = tracking["per_command"]
+    assert (first["start_s"], first["steps"], first["command"]) == (0.0, 2, [1.0, 0.0, 0.0])
+    assert first["lin_vel_error_mps"] == pytest.approx((0.6 + 0.8) / 2)
+    assert first["yaw_rate_error_radps"] == pytest.approx(0.0)
+    assert (second["start_s"], second["steps"]) == (pytest.approx(0.04), 3)
+    assert second["lin_vel_error_mps"] == pytest.approx((0.0 + 0.5 + 0.0) / 3)
+    assert second["yaw_rate_error_radps"] == pytest.approx((0.0 + 0.1 + 0.3) / 3)
+    # the whole-episode means weigh each command by its steps
+    assert tracking["lin_vel_error_mps"] == pytest.approx((0.6 + 0.8 + 0.5) / 5)
