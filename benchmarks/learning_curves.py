@@ -26,7 +26,8 @@ the same way for all four from each algorithm's own training episodes (stochasti
 ``--evaluate DIR`` then runs the recipe's evaluation episode (its ``EvaluationRollout`` settings:
 length, seed, task parameters; deterministic) on each run's final policy, rsl_rl's through
 ``RslRlActor``, and writes ``DIR/<algo>_seed<seed>/episode.{json,png}``; the run's record gets
-its return, length, fall and tracking errors (``evaluation``).
+its return, length, fall and tracking errors (``evaluation``); ``--evaluate-episodes N`` adds N
+start seeds from the recipe's (``episodes.json``; the record's ``evaluation.seeds``).
 ``time_to_threshold_s`` is the first wall time at which it reaches the task's threshold (null if
 never within the budget). JSON: ``{"runs": [{"algo", "seed", "curve": [[wall_s, env_steps,
 return], ...], "time_to_threshold_s", ...}], "config": {...}}``.
@@ -342,25 +343,32 @@ def run_rsl_rl(task: str, seed: int, budget_s: float, curve: Curve, recipe: dict
             "rsl_rl_algorithm": cfg["algorithm"], "_policy": policy}
 
 
-def evaluate_run(policy: Any, task: str, recipe: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+def evaluate_run(policy: Any, task: str, recipe: dict[str, Any], out_dir: Path,
+                 episodes: int = 1) -> dict[str, Any]:
     """The recipe's end-of-training evaluation episode (EvaluationRollout's settings) of a
-    run's final policy."""
-    from lightning_unilab.evaluate import evaluate_policy, evaluation_task_kwargs
+    run's final policy; with ``episodes`` > 1 also that many start seeds from the recipe's
+    (``episodes.json``: falls and the spread of the tracking errors)."""
+    from lightning_unilab.evaluate import evaluate_policy, evaluate_seeds, evaluation_task_kwargs
 
     ev, d = recipe.get("evaluation") or {}, recipe["data"]
     kwargs = _instantiate(dict(d.get("task_kwargs") or {}))
     if ev.get("randomize") and d.get("randomization") is not None:
         kwargs["randomization"] = _instantiate(d["randomization"])
     kwargs = evaluation_task_kwargs(kwargs, bool(ev.get("randomize")), ev.get("task_params"))
-    summary = evaluate_policy(policy, _recipe_task(task, recipe), out_dir, kwargs,
-                              seed=int(ev.get("seed", 0)), max_steps=ev.get("max_steps"),
-                              video=False)
-    return {k: summary.get(k) for k in ("return", "length", "terminated", "tracking", "plot")}
+    seed = int(ev.get("seed", 0))
+    summary = evaluate_policy(policy, _recipe_task(task, recipe), out_dir, kwargs, seed=seed,
+                              max_steps=ev.get("max_steps"), video=False)
+    record = {k: summary.get(k) for k in ("return", "length", "terminated", "tracking", "plot")}
+    if episodes > 1:
+        seeds = evaluate_seeds(policy, _recipe_task(task, recipe), out_dir,
+                               range(seed, seed + episodes), kwargs, ev.get("max_steps"))
+        record["seeds"] = {k: v for k, v in seeds.items() if k not in ("task", "deterministic")}
+    return record
 
 
 def run_one(algo: str, task: str, seed: int, budget_s: float, recipe_path: str | None,
             stop_at_threshold: bool, overrides: list[str] | None = None,
-            evaluate_dir: str | None = None) -> dict[str, Any]:
+            evaluate_dir: str | None = None, evaluate_episodes: int = 1) -> dict[str, Any]:
     curve = Curve(THRESHOLDS.get(task))
     recipe = load_recipe(task, recipe_path, overrides) if algo != "sb3_ppo" else None
     if algo in ("appo", "sync_ppo"):
@@ -378,7 +386,8 @@ def run_one(algo: str, task: str, seed: int, budget_s: float, recipe_path: str |
             raise ValueError(f"--evaluate: {algo} runs are not evaluated (its policy is not an "
                              "ActorCritic or an rsl_rl actor)")
         extra["evaluation"] = evaluate_run(policy, task, recipe,
-                                           Path(evaluate_dir) / f"{algo}_seed{seed}")
+                                           Path(evaluate_dir) / f"{algo}_seed{seed}",
+                                           evaluate_episodes)
     return {"algo": algo, "seed": seed, "task": task, "budget_s": budget_s,
             "wall_s": round(curve.elapsed(), 3), "episodes": curve.episodes,
             "curve": curve.points, "time_to_threshold_s": curve.time_to_threshold,
@@ -589,6 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evaluate", metavar="DIR", default=None,
                         help="after each run, the recipe's evaluation episode of its final "
                              "policy into DIR/<algo>_seed<seed> (appo, sync_ppo, rsl_rl_ppo)")
+    parser.add_argument("--evaluate-episodes", type=int, default=1, metavar="N",
+                        help="with --evaluate: also N start seeds from the recipe's "
+                             "(episodes.json: falls, median and max tracking errors)")
     parser.add_argument("--worker", nargs=2, metavar=("ALGO", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.out and not args.plot_from:
@@ -621,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [a for a in algos if a not in ALGOS]
     if bad:
         parser.error(f"--algos: unknown {bad}; expected a comma list of {ALGOS}")
+    if args.evaluate_episodes < 1:
+        parser.error(f"--evaluate-episodes: expected >= 1, got {args.evaluate_episodes}")
     if args.evaluate and "sb3_ppo" in algos and not args.worker:
         parser.error("--evaluate: sb3_ppo's policy is not evaluated; drop it from --algos")
     if args.task not in RECIPES and args.recipe is None and set(algos) - {"sb3_ppo"}:
@@ -630,7 +644,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:  # one run in this fresh process; JSON on the last line of stdout
         algo, seed = args.worker[0], int(args.worker[1])
         result = run_one(algo, args.task, seed, args.budget_s, args.recipe,
-                         args.stop_at_threshold, args.set, args.evaluate)
+                         args.stop_at_threshold, args.set, args.evaluate,
+                         args.evaluate_episodes)
         Path(args.out).write_text(json.dumps(result))
         return 0
 
@@ -656,7 +671,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.stop_at_threshold:
                 cmd.append("--stop-at-threshold")
             if args.evaluate:
-                cmd += ["--evaluate", args.evaluate]
+                cmd += ["--evaluate", args.evaluate,
+                        "--evaluate-episodes", str(args.evaluate_episodes)]
             for item in args.set:
                 cmd += ["--set", item]
             print(f"[{time.strftime('%H:%M:%S')}] {algo} seed {seed} ({args.budget_s:.0f} s)",
@@ -677,9 +693,16 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             if run.get("evaluation"):
                 ev = run["evaluation"]
+                tracking = {k: v for k, v in (ev["tracking"] or {}).items()
+                            if k != "per_command"}
                 print(f"    evaluation: return {ev['return']:.1f} over {ev['length']} steps, "
-                      f"{'fell' if ev['terminated'] else 'no fall'}; tracking "
-                      f"{ev['tracking']}", flush=True)
+                      f"{'fell' if ev['terminated'] else 'no fall'}; tracking {tracking}",
+                      flush=True)
+                if ev.get("seeds"):
+                    sd = ev["seeds"]
+                    print(f"    {sd['episodes']} start seeds: {sd['terminated']} fell; linear "
+                          f"error {sd.get('lin_vel_error_mps')}, yaw "
+                          f"{sd.get('yaw_rate_error_radps')}", flush=True)
             runs.append(run)
             _write(out, args, runs)
     table = summarize(runs)

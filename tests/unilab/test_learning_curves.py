@@ -134,7 +134,7 @@ def test_evaluate_runs_the_recipes_episode_on_each_final_policy(lc, tmp_path: Pa
     out, ev = tmp_path / "curves.json", tmp_path / "eval"
     assert lc.main(["--task", "InvertedPendulum-v5", "--budget-s", "3", "--seeds", "1",
                     "--algos", "sync_ppo,rsl_rl_ppo", "--out", str(out), "--no-plot",
-                    "--evaluate", str(ev)]) == 0
+                    "--evaluate", str(ev), "--evaluate-episodes", "2"]) == 0
     runs = json.loads(out.read_text())["runs"]
     max_steps = lc.load_recipe("InvertedPendulum-v5")["evaluation"].get("max_steps")
     for run in runs:
@@ -143,6 +143,10 @@ def test_evaluate_runs_the_recipes_episode_on_each_final_policy(lc, tmp_path: Pa
         assert record["return"] == episode["return"] and record["length"] == episode["length"]
         assert 1 <= episode["length"] <= (max_steps or 1000)
         assert record["return"] == pytest.approx(sum(episode["rewards"]))
+        # the start seeds from the recipe's: the first is the single episode's
+        seeds = json.loads((ev / f"{run['algo']}_seed0" / "episodes.json").read_text())
+        assert [r["seed"] for r in seeds["rows"]] == [0, 1] and record["seeds"]["episodes"] == 2
+        assert seeds["rows"][0]["return"] == pytest.approx(episode["return"])
     with pytest.raises(SystemExit):
         lc.main(["--task", "InvertedPendulum-v5", "--algos", "sb3_ppo", "--evaluate", str(ev),
                  "--out", str(out)])
