@@ -91,9 +91,10 @@ class Episode:
 
     def tracking(self) -> dict[str, Any] | None:
         """Mean velocity-tracking errors against the command (locomotion tasks), and how many
-        times the command changed during the episode, and the errors under each command (which
-        commands a policy follows and which not): from the G1's series, or from a task's own
-        terms of those names (a user's task reporting vx, vx_command ... in its info)."""
+        times the command changed during the episode, the errors under each command (which
+        commands a policy follows and which not), and the errors of standing still (the
+        reference a policy has to beat): from the G1's series, or from a task's own terms of
+        those names (a user's task reporting vx, vx_command ... in its info)."""
         s = {**self.terms, **self.series}
         if not {"vx", "vy", "yaw_rate", "vx_command", "vy_command", "yaw_rate_command"} <= set(s):
             return None
@@ -107,8 +108,14 @@ class Episode:
              "lin_vel_error_mps": float(lin[a:b].mean()),
              "yaw_rate_error_radps": float(yaw[a:b].mean())}
             for a, b in zip(starts, [*starts[1:], len(cmd)], strict=True)]
+        # a robot that never moves scores the commands' own sizes: the errors' reference
+        still_lin = np.hypot(s["vx_command"], s["vy_command"])
+        still_yaw = np.abs(s["yaw_rate_command"])
         return {"lin_vel_error_mps": float(lin.mean()), "yaw_rate_error_radps": float(yaw.mean()),
-                "command_changes": len(starts) - 1, "per_command": per_command}
+                "command_changes": len(starts) - 1,
+                "standing_lin_vel_error_mps": float(still_lin.mean()),
+                "standing_yaw_rate_error_radps": float(still_yaw.mean()),
+                "per_command": per_command}
 
     def summary(self) -> dict[str, Any]:
         return {"task": self.task, "return": self.ret, "length": self.length,
@@ -286,7 +293,9 @@ def plot_episode(episode: Episode, path: str | os.PathLike) -> Path:
         tracking = episode.tracking()
         if tracking is not None:
             ax.set_title(f"mean tracking error: linear {tracking['lin_vel_error_mps']:.2f} m/s, "
-                         f"yaw {tracking['yaw_rate_error_radps']:.2f} rad/s; "
+                         f"yaw {tracking['yaw_rate_error_radps']:.2f} rad/s (standing still: "
+                         f"{tracking['standing_lin_vel_error_mps']:.2f}, "
+                         f"{tracking['standing_yaw_rate_error_radps']:.2f}); "
                          f"{tracking['command_changes']} command changes", fontsize=8)
     if named:
         ax = axes[k]
@@ -403,7 +412,8 @@ def evaluate_seeds(policy: torch.nn.Module, task: Any, out_dir: str | os.PathLik
         "return_median": float(np.median([r["return"] for r in rows])),
         "length_median": float(np.median([r["length"] for r in rows]))}
     if all(r["tracking"] for r in rows):
-        for key in ("lin_vel_error_mps", "yaw_rate_error_radps"):
+        for key in ("lin_vel_error_mps", "yaw_rate_error_radps", "standing_lin_vel_error_mps",
+                    "standing_yaw_rate_error_radps"):
             errors = [r["tracking"][key] for r in rows]
             summary[key] = {"median": float(np.median(errors)), "max": float(np.max(errors))}
     summary["rows"] = rows
@@ -478,7 +488,9 @@ class EvaluationRollout(pl.Callback):
         if tracking:
             msg += (f"; tracking error {tracking['lin_vel_error_mps']:.2f} m/s, "
                     f"{tracking['yaw_rate_error_radps']:.2f} rad/s over "
-                    f"{tracking['command_changes']} command changes")
+                    f"{tracking['command_changes']} command changes (standing still: "
+                    f"{tracking['standing_lin_vel_error_mps']:.2f} m/s, "
+                    f"{tracking['standing_yaw_rate_error_radps']:.2f} rad/s)")
         if self.summary["video"]:
             msg += f", video {self.summary['video']}"
         metrics = {"eval/return": self.summary["return"],

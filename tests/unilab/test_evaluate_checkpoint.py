@@ -176,3 +176,6 @@ def test_tracking_errors_per_command():
     assert second["yaw_rate_error_radps"] == pytest.approx((0.0 + 0.1 + 0.3) / 3)
     # the whole-episode means weigh each command by its steps
     assert tracking["lin_vel_error_mps"] == pytest.approx((0.6 + 0.8 + 0.5) / 5)
+    # standing still: the commands' sizes, |(1, 0)| twice and |(0, 0.5)| three times
+    assert tracking["standing_lin_vel_error_mps"] == pytest.approx((2 * 1.0 + 3 * 0.5) / 5)
+    assert tracking["standing_yaw_rate_error_radps"] == pytest.approx(3 * 0.2 / 5)
