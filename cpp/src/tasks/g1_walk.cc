@@ -68,7 +68,8 @@ const TaskParams& Defaults() {
       {"tracking_sigma", 0.25},
       {"air_time_threshold", 0.4},
       // feet_phase: each foot's height above the floor follows a swing target on the gait
-      // clock (MuJoCo Playground's G1 joystick, swing height 0.08 m, sigma 0.01)
+      // clock (MuJoCo Playground's G1 joystick term and sigma; its swing target is 0.15 m on
+      // the foot site, ours 0.08 m on the sole: 0.12 stood still, docs/unilab/results.md)
       {"feet_phase_swing_height", 0.08},
       {"feet_phase_sigma", 0.01},
       {"w_tracking_lin_vel", 1.0},
