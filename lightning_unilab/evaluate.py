@@ -59,9 +59,9 @@ __all__ = ["CheckpointEvaluation", "Episode", "EvaluationRollout", "TaskMismatch
 
 _BACKENDS = ("egl", "osmesa")
 
-# g1-walk-flat layout (docs/unilab/tasks.md): actor obs, then the critic's extra fields
+# g1-walk-flat layout (docs/unilab/tasks.md): actor obs, then the critic's extra fields, the
+# local linear velocity and the base height first (at the actor obs's size, 98 or 101)
 _G1_GYRO, _G1_GRAVITY, _G1_COMMAND = slice(0, 3), slice(3, 6), slice(93, 96)
-_G1_LINVEL, _G1_HEIGHT = slice(98, 101), 101
 
 
 class TaskMismatchError(ValueError):
@@ -218,11 +218,15 @@ def _check_sizes(policy: torch.nn.Module, task: str, obs_size: int, action_size:
 
 def evaluation_task_kwargs(task_kwargs: Mapping[str, Any] | None, randomize: bool,
                            task_params: Mapping[str, float] | None) -> dict[str, Any]:
-    """The training env's keywords for the evaluation env: randomization dropped unless
-    ``randomize``, ``task_params`` over the training ``params``."""
+    """The training env's keywords for the evaluation env: randomization and pushes
+    (g1-walk-flat's ``push_low``, ``push_high``: both 0) dropped unless ``randomize``,
+    ``task_params`` over the training ``params``."""
     kwargs = dict(task_kwargs or {})
     if not randomize:
         kwargs.pop("randomization", None)
+        params = dict(kwargs.get("params") or {})
+        if params.get("push_high"):
+            kwargs["params"] = {**params, "push_low": 0.0, "push_high": 0.0}
     if task_params:
         kwargs["params"] = {**dict(kwargs.get("params") or {}), **task_params}
     return kwargs
@@ -234,8 +238,9 @@ def _series(env: Any, obs: np.ndarray, critic: np.ndarray | None,
     out: dict[str, np.ndarray] = {}
     if env.name == "g1-walk-flat" and critic is not None:
         obs, critic = obs[1:], critic[1:]  # after each step, aligned with the rewards
-        cmd, vel, gyro = obs[:, _G1_COMMAND], critic[:, _G1_LINVEL], obs[:, _G1_GYRO]
-        out["base_height"] = critic[:, _G1_HEIGHT]
+        actor = obs.shape[1]
+        cmd, vel, gyro = obs[:, _G1_COMMAND], critic[:, actor:actor + 3], obs[:, _G1_GYRO]
+        out["base_height"] = critic[:, actor + 3]
         out["vx"], out["vx_command"] = vel[:, 0], cmd[:, 0]
         out["vy"], out["vy_command"] = vel[:, 1], cmd[:, 1]
         out["yaw_rate"], out["yaw_rate_command"] = gyro[:, 2], cmd[:, 2]
@@ -439,7 +444,8 @@ class EvaluationRollout(pl.Callback):
         seed: start-state seed of the evaluation env.
         video: try to write the GIF (needs an OpenGL backend; the plot is always written).
         max_frames, size: GIF frames (every k-th step) and (width, height).
-        randomize: keep the data module's domain randomization in the evaluation env.
+        randomize: keep the data module's domain randomization and pushes (g1-walk-flat's
+            ``push_high``) in the evaluation env.
         task_params: task parameters for the evaluation env only, over the training ones, e.g.
             ``{resample_steps: 250}`` for a new g1-walk-flat command every 5 s.
     """

@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `examples` imports from the repository root (python -m pytest)
     sys.path.insert(0, str(ROOT))
 
+from push_check import assert_pushes_come_due  # noqa: E402
+
 from examples.go1_joystick import TRACKED, WEIGHTS, Go1Joystick  # noqa: E402
 from lightning_unilab.envs.vector_env import TaskVectorEnv  # noqa: E402
 
@@ -80,22 +82,7 @@ def test_pushes_shove_the_base_once_per_command_period() -> None:
         plan = envs[1].memory[:, tasks[1].mem["push"]].copy()  # (steps until it, vx, vy)
         assert set(plan[:, 0]) <= set(range(1, 21)) and len(set(plan[:, 0])) > 3
         np.testing.assert_array_less(0.8 - 1e-12, np.hypot(plan[:, 1], plan[:, 2]))
-        zero = np.zeros((NUM_ENVS, 12))
-        apart = np.zeros(NUM_ENVS, int)
-        for step in range(1, 21):
-            before = [env.pool.qvel[:, :2].copy() for env in envs]
-            for env in envs:
-                env.step(zero)
-            same = np.all(envs[0].pool.qpos == envs[1].pool.qpos, axis=1)
-            first = (~same) & (apart == 0)
-            apart[first] = step
-            if first.any():  # the shove's direction shows in the base's velocity change
-                dv = (envs[1].pool.qvel[first, :2] - before[1][first]) - \
-                    (envs[0].pool.qvel[first, :2] - before[0][first])
-                cos = (dv * plan[first, 1:]).sum(1) / np.hypot(*dv.T) / np.hypot(
-                    *plan[first, 1:].T)
-                assert (cos > 0.9).all(), cos
-        np.testing.assert_array_equal(apart, plan[:, 0])
+        assert_pushes_come_due(envs, plan, 12, 20)
     finally:
         for env in envs:
             env.close()

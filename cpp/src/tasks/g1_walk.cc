@@ -26,9 +26,10 @@ constexpr int kCommand = kLastAction + kJoints;
 constexpr int kAirTime = kCommand + 3;
 constexpr int kLastContact = kAirTime + 2;
 constexpr int kStep = kLastContact + 2;
-constexpr int kMemory = kStep + 1;
-constexpr int kObs = 3 + 3 + kJoints + kJoints + kJoints + 3 + 2;  // 98
-constexpr int kCritic = kObs + 3 + 1 + 2 + 2;                       // 106
+constexpr int kPush = kStep + 1;  // the next push: steps until it, then its (vx, vy)
+constexpr int kMemory = kPush + 3;
+constexpr int kObs = 3 + 3 + kJoints + kJoints + kJoints + 3 + 2;  // 98, + 3 with observe_linvel
+constexpr int kCriticExtra = 3 + 1 + 2 + 2;                          // after the actor's
 constexpr double kStepRatioTolerance = 1e-4;  // of ctrl_dt / timestep, from a whole number
 
 // g1-walk-flat's parameters and their defaults: the one table. The numpy twin
@@ -53,6 +54,16 @@ const TaskParams& Defaults() {
       // random actions stay below 27 rad/s at 5 ms (docs/unilab/tasks.md, "Stability"). 0: off
       {"max_speed", 100.0},
       {"resample_steps", 0},
+      // 1: the actor also observes the pelvis's local linear velocity (the critic always
+      // does), appended after the gait clock, as MuJoCo Playground's G1 and Isaac Lab's velocity
+      // tasks give their actors (screened: docs/unilab/results.md, "The forward freeze")
+      {"observe_linvel", 0.0},
+      // m/s: one push per command period (resample_steps, else the episode), at a step drawn
+      // in it: the base's planar velocity changes by U(push_low, push_high) in a drawn world
+      // direction, as MuJoCo Playground's G1 joystick trains (0.1 to 2 m/s every 5 to 10 s).
+      // push_high 0: off (no draws). The evaluation turns pushes off (evaluate.py).
+      {"push_low", 0.0},
+      {"push_high", 0.0},
       {"action_scale", 0.5},
       {"reset_joint_noise", 0.1},
       {"reset_base_vel_noise", 0.2},
@@ -153,8 +164,14 @@ class G1WalkFlat : public Task {
       throw std::invalid_argument("g1-walk-flat: max_speed must be a finite number >= 0 (0: no "
                                   "bound), got " + Num(spec_.max_speed));
     }
-    spec_.obs_size = kObs;
-    spec_.critic_size = kCritic;
+    const double observe_linvel = Param(p, "observe_linvel");
+    if (observe_linvel != 0 && observe_linvel != 1) {
+      throw std::invalid_argument("g1-walk-flat: observe_linvel must be 0 or 1, got " +
+                                  Num(observe_linvel));
+    }
+    observe_linvel_ = observe_linvel != 0;
+    spec_.obs_size = kObs + (observe_linvel_ ? 3 : 0);
+    spec_.critic_size = spec_.obs_size + kCriticExtra;
     spec_.action_size = kJoints;
     spec_.memory_size = kMemory;
     spec_.action_low.assign(kJoints, -1.0);
@@ -166,6 +183,14 @@ class G1WalkFlat : public Task {
                         "reward_termination",      "reward_alive",            "reward_feet_phase",
                         "reward_floor"};
 
+    push_low_ = Param(p, "push_low");
+    push_high_ = Param(p, "push_high");
+    if (!(push_low_ >= 0 && push_low_ <= push_high_) || !std::isfinite(push_high_)) {
+      throw std::invalid_argument("g1-walk-flat: push_low, push_high: expected 0 <= push_low <= "
+                                  "push_high (m/s), got " + Num(push_low_) + " and " +
+                                  Num(push_high_));
+    }
+    push_period_ = spec_.resample_steps > 0 ? spec_.resample_steps : spec_.max_episode_steps;
     action_scale_ = Param(p, "action_scale");
     joint_noise_ = Param(p, "reset_joint_noise");
     base_vel_noise_ = Param(p, "reset_base_vel_noise");
@@ -225,10 +250,25 @@ class G1WalkFlat : public Task {
 
   void Resample(Rng& rng, mjtNum* memory) const override {
     for (int i = 0; i < 3; ++i) memory[kCommand + i] = rng.Uniform(command_low_[i], command_high_[i]);
+    if (push_high_ > 0) {  // as lightning_unilab.envs.terms.sample_push
+      const mjtNum at = rng.Uniform(0, push_period_);
+      const mjtNum speed = rng.Uniform(push_low_, push_high_);
+      const mjtNum angle = rng.Uniform(-M_PI, M_PI);
+      memory[kPush] = std::min(std::floor(at), push_period_ - 1.0) + 1.0;
+      memory[kPush + 1] = speed * std::cos(angle);
+      memory[kPush + 2] = speed * std::sin(angle);
+    }
   }
 
-  void Act(const mjModel*, mjData* d, const mjtNum* action, mjtNum*) const override {
+  void Act(const mjModel*, mjData* d, const mjtNum* action, mjtNum* memory) const override {
     for (int i = 0; i < kJoints; ++i) d->ctrl[i] = home_[7 + i] + action_scale_ * action[i];
+    if (push_high_ > 0) {  // as lightning_unilab.envs.terms.apply_due_push: due once
+      memory[kPush] -= 1;
+      if (memory[kPush] == 0) {
+        d->qvel[0] += memory[kPush + 1];
+        d->qvel[1] += memory[kPush + 2];
+      }
+    }
   }
 
   void Evaluate(const mjModel* m, mjData* d, const mjtNum* action, mjtNum* memory,
@@ -321,9 +361,13 @@ class G1WalkFlat : public Task {
     const mjtNum phase = 2 * M_PI * gait_frequency_ * dt_ * memory[kStep];
     *o++ = std::cos(phase);
     *o++ = std::sin(phase);
+    if (observe_linvel_) {
+      for (int i = 0; i < 3; ++i) *o++ = s[local_linvel_ + i];
+    }
     if (!critic) return;
-    for (int i = 0; i < kObs; ++i) critic[i] = obs[i];
-    mjtNum* c = critic + kObs;
+    const int actor = static_cast<int>(o - obs);
+    for (int i = 0; i < actor; ++i) critic[i] = obs[i];
+    mjtNum* c = critic + actor;
     for (int i = 0; i < 3; ++i) *c++ = s[local_linvel_ + i];
     *c++ = d->qpos[2];
     for (int f = 0; f < 2; ++f) *c++ = s[foot_contact_[f]] > 0 ? 1 : 0;
@@ -385,6 +429,8 @@ class G1WalkFlat : public Task {
   double dt_, action_scale_, joint_noise_, base_vel_noise_, gait_frequency_, min_height_,
       cos_max_tilt_, sigma_, air_threshold_;
   double command_low_[3], command_high_[3];
+  bool observe_linvel_;
+  double push_low_, push_high_, push_period_;
   double w_lin_, w_ang_, w_linz_, w_angxy_, w_orient_, w_torque_, w_rate_, w_air_, w_slip_,
       w_term_, w_alive_, w_phase_, swing_height_, phase_sigma_, reward_floor_;
   mjtNum home_[7 + kJoints];

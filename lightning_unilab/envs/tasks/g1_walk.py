@@ -28,16 +28,19 @@ if TYPE_CHECKING:
 
 JOINTS = 29
 # per-env memory, as in the C++ task: last action, command (vx, vy, yaw rate), feet air time,
-# feet contact at the last step, steps in the episode
-LAYOUT = terms.MemoryLayout(last_action=JOINTS, command=3, air_time=2, last_contact=2, step=1)
+# feet contact at the last step, steps in the episode, the next push (steps until it, vx, vy)
+LAYOUT = terms.MemoryLayout(last_action=JOINTS, command=3, air_time=2, last_contact=2, step=1,
+                            push=3)
 LAST_ACTION = LAYOUT["last_action"]
 COMMAND = LAYOUT["command"]
 AIR_TIME = LAYOUT["air_time"]
 LAST_CONTACT = LAYOUT["last_contact"]
 STEP = LAYOUT.column("step")
+PUSH = LAYOUT["push"]
 MEMORY = LAYOUT.size
-OBS = 3 + 3 + 3 * JOINTS + 3 + 2  # 98
-CRITIC = OBS + 3 + 1 + 2 + 2  # 106
+OBS = 3 + 3 + 3 * JOINTS + 3 + 2  # 98; + 3 (the local linear velocity) with observe_linvel
+CRITIC_EXTRA = 3 + 1 + 2 + 2  # the critic's fields after the actor's
+CRITIC = OBS + CRITIC_EXTRA  # 106
 FEET = ("left_foot", "right_foot")  # the foot sites, each above the box geom of its name
 
 
@@ -69,6 +72,9 @@ class G1Params:
     episode_length_s: float
     max_speed: float  # rad/s (m/s): roll back and truncate a faster substep; 0: off
     resample_steps: float
+    observe_linvel: float  # 1: the actor observes the pelvis's local linear velocity too
+    push_low: float  # m/s: one push per command period of U(push_low, push_high); 0 high: off
+    push_high: float
     action_scale: float
     reset_joint_noise: float
     reset_base_vel_noise: float
@@ -144,7 +150,16 @@ class G1WalkFlat(NumpyTask):
         if m.opt.timestep != p.timestep:
             raise ValueError(f"g1-walk-flat: the model's opt.timestep {m.opt.timestep!r} is not "
                              f"the task's timestep {p.timestep!r}")
+        if p.observe_linvel not in (0, 1):
+            raise ValueError(f"g1-walk-flat: observe_linvel must be 0 or 1, got "
+                             f"{p.observe_linvel!r}")
+        self.obs_size = OBS + (3 if p.observe_linvel else 0)
+        if not (0.0 <= p.push_low <= p.push_high and math.isfinite(p.push_high)):
+            raise ValueError(f"g1-walk-flat: push_low, push_high: expected 0 <= push_low <= "
+                             f"push_high (m/s), got {p.push_low!r} and {p.push_high!r}")
         self.dt = self.frame_skip * p.timestep
+        self.max_episode_steps = round(p.episode_length_s / self.dt)
+        self.push_period = int(p.resample_steps) or self.max_episode_steps
         key = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_KEY, "knees_bent")
         self.robot = terms.Robot.from_model(m, keyframe=key if key >= 0 else None)
         self.home = self.robot.default_qpos
@@ -175,9 +190,10 @@ class G1WalkFlat(NumpyTask):
     @property
     def spec(self) -> TaskSpec:
         self.model()
-        return TaskSpec(obs_size=OBS, critic_size=CRITIC, action_size=JOINTS,
+        return TaskSpec(obs_size=self.obs_size, critic_size=self.obs_size + CRITIC_EXTRA,
+                        action_size=JOINTS,
                         frame_skip=self.frame_skip,
-                        max_episode_steps=round(self.p.episode_length_s / self.dt),
+                        max_episode_steps=self.max_episode_steps,
                         memory_size=MEMORY, resample_steps=int(self.p.resample_steps),
                         max_speed=self.p.max_speed,
                         action_low=-np.ones(JOINTS), action_high=np.ones(JOINTS))
@@ -244,15 +260,17 @@ class G1WalkFlat(NumpyTask):
                        ) -> tuple[np.ndarray, np.ndarray | None]:
         s = sensordata
         phase = terms.gait_phase(memory[:, STEP], self.dt, self.p.gait_frequency)
+        linvel = s[:, self.s_local_linvel]
         obs = np.concatenate([s[:, self.s_gyro],
                               terms.projected_gravity(qpos[:, self.robot.base_quat]),
                               terms.joint_pos_rel(qpos, self.robot),
                               terms.joint_vel(qvel, self.robot), memory[:, LAST_ACTION],
-                              memory[:, COMMAND], terms.gait_clock(phase)], axis=1)
+                              memory[:, COMMAND], terms.gait_clock(phase),
+                              *([linvel] if self.p.observe_linvel else [])], axis=1)
         if not critic:
             return obs, None
         contact = terms.contact_found(s, self.s_contact).astype(np.float64)
-        crit = np.concatenate([obs, s[:, self.s_local_linvel], qpos[:, 2:3], contact,
+        crit = np.concatenate([obs, linvel, qpos[:, 2:3], contact,
                                memory[:, AIR_TIME]], axis=1)
         return obs, crit
 
@@ -276,10 +294,18 @@ class G1WalkFlat(NumpyTask):
     def resample(self, ids: np.ndarray, rng: EnvRng, memory: np.ndarray) -> None:
         memory[ids, COMMAND] = terms.sample_velocity_command(rng, ids, self.command_low,
                                                              self.command_high)
+        if self.p.push_high > 0:
+            memory[ids, PUSH] = terms.sample_push(rng, ids, self.push_period, self.p.push_low,
+                                                  self.p.push_high)
 
     def act(self, pool: BatchEnvPool, ids: np.ndarray, actions: np.ndarray,
             memory: np.ndarray) -> None:
         pool.ctrl[ids] = self.controls(actions)
+        if self.p.push_high > 0:
+            push, qvel = memory[ids, PUSH], pool.qvel[ids]
+            if terms.apply_due_push(qvel, push, self.robot).any():
+                pool.qvel[ids] = qvel
+            memory[ids, PUSH] = push
 
     def evaluate(self, pool: BatchEnvPool, ids: np.ndarray, actions: np.ndarray,
                  memory: np.ndarray) -> Transition:
