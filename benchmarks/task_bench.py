@@ -33,7 +33,7 @@ from mujoco import batch as mjbatch
 from mujoco import rollout as mjrollout
 
 from lightning_unilab.envs import tasks
-from lightning_unilab.envs.tasks.g1_walk import G1WalkFlat
+from lightning_unilab.envs.tasks.g1_walk import COMMAND, MEMORY, G1WalkFlat
 from lightning_unilab.envs.tasks.rng import EnvRng
 from lightning_unilab.envs.vector_env import TaskVectorEnv
 
@@ -78,7 +78,7 @@ class _BatchG1:
         self.batch = mjbatch.Batch(self.model, num_envs, num_threads)
         self.n = num_envs
         self.rng = EnvRng(num_envs, seed)
-        self.memory = np.zeros((num_envs, 37))
+        self.memory = np.zeros((num_envs, MEMORY))
         self.length = np.zeros(num_envs, np.int64)
         self.qpos, self.qvel, self.ctrl = (self.batch.bind(f) for f in ("qpos", "qvel", "ctrl"))
         self.sensordata = self.batch.bind("sensordata")
@@ -94,8 +94,8 @@ class _BatchG1:
         self.qvel[ids, :6] = base_vel
         self.batch.forward(ids)
         self.memory[ids] = 0
-        self.memory[ids, 29:32] = self.rng.uniform(ids, self.task.command_low,
-                                                   self.task.command_high, 3)
+        self.memory[ids, COMMAND] = self.rng.uniform(ids, self.task.command_low,
+                                                     self.task.command_high, 3)
         self.length[ids] = 0
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
