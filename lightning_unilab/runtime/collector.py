@@ -305,6 +305,8 @@ class Collector:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the process (join, else kill) and remove the shared memory; idempotent."""
+        if not self._finalizer.alive:  # stopped already (a failed start stops itself)
+            return
         if self._device_publisher is not None:  # no write into a board about to go
             publisher, self._device_publisher = self._device_publisher, None
             try:
