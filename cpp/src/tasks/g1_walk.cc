@@ -95,6 +95,13 @@ const TaskParams& Defaults() {
       {"w_termination", -1.0},
       {"w_alive", 0.0},
       {"w_feet_phase", 0.0},
+      // posture, as MuJoCo Playground's G1 joystick (its weights: -0.1, -0.25, -0.1): pose is
+      // the squared distance of all 29 joints from the home pose; joint_deviation_hip the summed
+      // |deviation| of both hips' roll and yaw (roll left free while |command vy| > 0.1: a
+      // sideways step needs it); joint_deviation_knee that of both knees
+      {"w_pose", 0.0},
+      {"w_joint_deviation_hip", 0.0},
+      {"w_joint_deviation_knee", 0.0},
       {"reward_floor", 0.0},
   };
   return defaults;
@@ -181,7 +188,8 @@ class G1WalkFlat : public Task {
                         "reward_ang_vel_xy",       "reward_orientation",      "reward_torques",
                         "reward_action_rate",      "reward_feet_air_time",    "reward_feet_slip",
                         "reward_termination",      "reward_alive",            "reward_feet_phase",
-                        "reward_floor"};
+                        "reward_pose",             "reward_joint_deviation_hip",
+                        "reward_joint_deviation_knee", "reward_floor"};
 
     push_low_ = Param(p, "push_low");
     push_high_ = Param(p, "push_high");
@@ -219,6 +227,9 @@ class G1WalkFlat : public Task {
     w_phase_ = Param(p, "w_feet_phase");
     swing_height_ = Param(p, "feet_phase_swing_height");
     phase_sigma_ = Param(p, "feet_phase_sigma");
+    w_pose_ = Param(p, "w_pose");
+    w_hip_ = Param(p, "w_joint_deviation_hip");
+    w_knee_ = Param(p, "w_joint_deviation_knee");
     // The step's reward is at least this (MuJoCo Playground's joystick tasks and legged_gym's
     // only_positive_rewards use 0): with penalties outweighing the tracking terms early on, a
     // negative per-step reward makes falling at once the best policy.
@@ -236,6 +247,12 @@ class G1WalkFlat : public Task {
     foot_contact_[1] = Sensor(m, "right_foot_floor_found", 1);
     FootSite(m, "left_foot", &foot_site_[0], &sole_depth_[0]);
     FootSite(m, "right_foot", &foot_site_[1], &sole_depth_[1]);
+    const char* sides[] = {"left", "right"};
+    for (int f = 0; f < 2; ++f) {
+      hip_roll_[f] = Joint(m, std::string(sides[f]) + "_hip_roll_joint");
+      hip_yaw_[f] = Joint(m, std::string(sides[f]) + "_hip_yaw_joint");
+      knee_[f] = Joint(m, std::string(sides[f]) + "_knee_joint");
+    }
   }
 
   void Reset(const mjModel*, mjData* d, Rng& rng, mjtNum*) const override {
@@ -323,6 +340,18 @@ class G1WalkFlat : public Task {
       phase_term = std::exp(-err / phase_sigma_);
     }
 
+    mjtNum pose = 0, hip = 0, knee = 0;
+    for (int i = 0; i < kJoints; ++i) {
+      const mjtNum e = d->qpos[7 + i] - home_[7 + i];
+      pose += e * e;
+    }
+    const bool sideways = std::abs(cmd[1]) > 0.1;
+    for (int f = 0; f < 2; ++f) {
+      if (!sideways) hip += std::abs(d->qpos[hip_roll_[f]] - home_[hip_roll_[f]]);
+      hip += std::abs(d->qpos[hip_yaw_[f]] - home_[hip_yaw_[f]]);
+      knee += std::abs(d->qpos[knee_[f]] - home_[knee_[f]]);
+    }
+
     bool finite = true;
     for (int i = 0; i < m->nq; ++i) finite &= std::isfinite(d->qpos[i]);
     for (int i = 0; i < m->nv; ++i) finite &= std::isfinite(d->qvel[i]);
@@ -331,14 +360,16 @@ class G1WalkFlat : public Task {
     const mjtNum total = w_lin_ * lin + w_ang_ * ang + w_linz_ * linz + w_angxy_ * angxy +
                          w_orient_ * orient + w_torque_ * torque + w_rate_ * rate +
                          w_air_ * air + w_slip_ * slip + w_term_ * (fallen ? 1.0 : 0.0) +
-                         w_alive_ * (fallen ? 0.0 : 1.0) + w_phase_ * phase_term;
+                         w_alive_ * (fallen ? 0.0 : 1.0) + w_phase_ * phase_term +
+                         w_pose_ * pose + w_hip_ * hip + w_knee_ * knee;
     out->reward = std::max(reward_floor_, dt_ * total);
     out->terminated = fallen;
     if (mjtNum* info = out->info) {
       const mjtNum terms[] = {w_lin_ * lin,   w_ang_ * ang,       w_linz_ * linz, w_angxy_ * angxy,
                               w_orient_ * orient, w_torque_ * torque, w_rate_ * rate,
                               w_air_ * air,   w_slip_ * slip,     w_term_ * (fallen ? 1.0 : 0.0),
-                              w_alive_ * (fallen ? 0.0 : 1.0), w_phase_ * phase_term};
+                              w_alive_ * (fallen ? 0.0 : 1.0), w_phase_ * phase_term,
+                              w_pose_ * pose, w_hip_ * hip,   w_knee_ * knee};
       constexpr int kTerms = sizeof(terms) / sizeof(terms[0]);
       for (int k = 0; k < kTerms; ++k) info[k] = dt_ * terms[k];
       info[kTerms] = out->reward - dt_ * total;  // what the floor added: shares sum to reward
@@ -418,6 +449,15 @@ class G1WalkFlat : public Task {
     return d->site_xpos[3 * foot_site_[f] + 2] - sole_depth_[f];
   }
 
+  // the qpos address of the hinge joint `name`
+  static int Joint(const mjModel* m, const std::string& name) {
+    const int id = mj_name2id(m, mjOBJ_JOINT, name.c_str());
+    if (id < 0 || m->jnt_type[id] != mjJNT_HINGE) {
+      throw std::invalid_argument("g1-walk-flat: the model lacks the hinge joint " + name);
+    }
+    return m->jnt_qposadr[id];
+  }
+
   static int Sensor(const mjModel* m, const char* name, int dim) {
     const int id = mj_name2id(m, mjOBJ_SENSOR, name);
     if (id < 0 || m->sensor_dim[id] != dim) {
@@ -432,9 +472,11 @@ class G1WalkFlat : public Task {
   bool observe_linvel_;
   double push_low_, push_high_, push_period_;
   double w_lin_, w_ang_, w_linz_, w_angxy_, w_orient_, w_torque_, w_rate_, w_air_, w_slip_,
-      w_term_, w_alive_, w_phase_, swing_height_, phase_sigma_, reward_floor_;
+      w_term_, w_alive_, w_phase_, swing_height_, phase_sigma_, reward_floor_, w_pose_, w_hip_,
+      w_knee_;
   mjtNum home_[7 + kJoints];
   int gyro_, local_linvel_, global_linvel_, foot_linvel_[2], foot_contact_[2], foot_site_[2];
+  int hip_roll_[2], hip_yaw_[2], knee_[2];  // qpos addresses
   mjtNum sole_depth_[2];
 };
 

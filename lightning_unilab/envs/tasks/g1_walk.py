@@ -103,6 +103,9 @@ class G1Params:
     w_termination: float
     w_alive: float
     w_feet_phase: float
+    w_pose: float  # posture terms (MuJoCo Playground's G1): see the C++ table
+    w_joint_deviation_hip: float
+    w_joint_deviation_knee: float
     reward_floor: float  # the step's reward is at least this (-inf: no floor)
 
     @classmethod
@@ -172,6 +175,16 @@ class G1WalkFlat(NumpyTask):
                                        for side in ("left", "right")])
         self.s_contact = terms.sensor_columns(m, ["left_foot_floor_found",
                                                   "right_foot_floor_found"])
+        addrs = list(np.arange(m.nq)[self.robot.joint_qpos])
+
+        def col(joint: str) -> int:  # the joint's column among the robot's joints
+            return addrs.index(int(m.jnt_qposadr[m.joint(joint).id]))
+
+        # (2, 2) hip columns among the joints: each side's roll, yaw; (2,) the knees'
+        self.hip_cols = np.array([[col(f"{side}_hip_{axis}_joint")
+                                   for axis in ("roll", "yaw")] for side in ("left", "right")])
+        self.knee_cols = np.array([col(f"{side}_knee_joint")
+                                   for side in ("left", "right")])
         self.feet_sites = np.array([mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SITE, f)
                                     for f in FEET])
         self.sole_depth = np.array([sole_depth(m, f) for f in FEET])
@@ -184,7 +197,9 @@ class G1WalkFlat(NumpyTask):
              "orientation": p.w_orientation, "torques": p.w_torques,
              "action_rate": p.w_action_rate, "feet_air_time": p.w_feet_air_time,
              "feet_slip": p.w_feet_slip, "termination": p.w_termination, "alive": p.w_alive,
-             "feet_phase": p.w_feet_phase},
+             "feet_phase": p.w_feet_phase, "pose": p.w_pose,
+             "joint_deviation_hip": p.w_joint_deviation_hip,
+             "joint_deviation_knee": p.w_joint_deviation_knee},
             scale=self.dt, floor=p.reward_floor)
 
     @property
@@ -234,6 +249,10 @@ class G1WalkFlat(NumpyTask):
             phase = np.where(moving, terms.feet_phase(self.foot_heights(feet_z), clock,
                                                       p.feet_phase_swing_height,
                                                       p.feet_phase_sigma), 0.0)
+        rel = terms.joint_pos_rel(qpos, self.robot)
+        # hip roll left free while the command steps sideways (C++'s rule)
+        hip_weights = np.ones((len(qpos), 2, 2))
+        hip_weights[:, :, 0] = np.where(np.abs(cmd[:, 1]) > 0.1, 0.0, 1.0)[:, None]
         fallen = (terms.nonfinite(qpos, qvel) | terms.base_too_low(qpos[:, 2], p.min_base_height)
                   | terms.tilted(g, self.max_tilt))
         reward, _ = self.reward_sum({
@@ -250,6 +269,10 @@ class G1WalkFlat(NumpyTask):
             "termination": fallen,
             "alive": ~fallen,
             "feet_phase": phase,
+            "pose": terms.pose_deviation(rel),
+            "joint_deviation_hip": terms.joint_deviation(rel[:, self.hip_cols.ravel()],
+                                                         hip_weights.reshape(len(qpos), 4)),
+            "joint_deviation_knee": terms.joint_deviation(rel[:, self.knee_cols], np.ones(2)),
         })
         memory[:, LAST_ACTION] = actions
         memory[:, STEP] += 1

@@ -67,6 +67,18 @@ def action_rate(action: np.ndarray, last_action: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", da, da)
 
 
+def pose_deviation(joint_pos_rel: np.ndarray) -> np.ndarray:
+    """(n,): sum of squared joint offsets from the default pose: keeps the posture near home
+    (joint_pos_rel (n, k), e.g. :func:`joint_pos_rel`'s)."""
+    return np.einsum("ij,ij->i", joint_pos_rel, joint_pos_rel)
+
+
+def joint_deviation(joint_pos_rel: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(n,): sum of |joint offset| x weight (weights (n, k) or (k,), e.g. 0 to leave a joint free
+    under some commands): an L1 pull toward the default pose on chosen joints."""
+    return (np.abs(joint_pos_rel) * weights).sum(axis=1)
+
+
 def torques(actuator_force: np.ndarray) -> np.ndarray:
     """(n,): sum of actuator_force^2, the penalty on effort."""
     return np.einsum("ij,ij->i", actuator_force, actuator_force)
