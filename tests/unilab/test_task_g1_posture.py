@@ -95,3 +95,36 @@ def test_posture_terms_are_off_by_default_and_zero_at_home() -> None:
     np.testing.assert_allclose(terms.pose_deviation(rel), [0, 0.3125, 0])
     np.testing.assert_allclose(terms.joint_deviation(rel[:, [2, 5]], np.array([1.0, 2.0])),
                                [0, 1.0, 0])
+
+
+def test_upper_body_factor_0_holds_the_waist_and_arms_at_home_on_both_sides() -> None:
+    n = 3
+    params = {"upper_body_action_factor": 0.0}
+    cpp = TaskVectorEnv("g1-walk-flat", n, num_threads=1, seed=1, params=params)
+    twin = TaskVectorEnv(G1WalkFlat(**params), n, num_threads=1, seed=1)
+    m = cpp.model
+    home = m.key_qpos[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_KEY, "knees_bent")][7:]
+    names = [m.joint(int(j)).name for j in m.actuator_trnid[:, 0]]
+    leg = np.array([n.split("_")[1] in ("hip", "knee", "ankle") for n in names])
+    assert leg.sum() == 12 and all(names[i].endswith("_joint") for i in range(29))
+    a, _ = cpp.reset(seed=3)
+    b, _ = twin.reset(seed=3)
+    rng = np.random.default_rng(2)
+    for t in range(25):
+        act = rng.uniform(-1, 1, (n, 29))
+        out_a, out_b = cpp.step(act), twin.step(act)
+        np.testing.assert_array_equal(cpp.pool.ctrl[:, ~leg], np.broadcast_to(home[~leg],
+                                                                              (n, 17)))
+        np.testing.assert_allclose(cpp.pool.ctrl[:, leg], home[leg] + 0.5 * act[:, leg],
+                                   rtol=0, atol=1e-15)
+        for x, y in zip(out_a[:4], out_b[:4], strict=True):
+            np.testing.assert_allclose(x, y, rtol=0, atol=1e-9, err_msg=f"step {t}")
+
+
+@pytest.mark.parametrize("factor", [-0.5, float("nan"), float("inf")])
+def test_an_upper_body_factor_that_is_not_finite_and_nonnegative_is_refused(factor: float) -> None:
+    with pytest.raises(ValueError, match="upper_body_action_factor"):
+        TaskVectorEnv("g1-walk-flat", 1, num_threads=1,
+                      params={"upper_body_action_factor": factor})
+    with pytest.raises(ValueError, match="upper_body_action_factor"):
+        G1WalkFlat(upper_body_action_factor=factor).model()

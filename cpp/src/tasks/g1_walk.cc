@@ -65,6 +65,10 @@ const TaskParams& Defaults() {
       {"push_low", 0.0},
       {"push_high", 0.0},
       {"action_scale", 0.5},
+      // the waist's and arms' action scale is action_scale x this: 0 holds them at the home
+      // pose, so that the policy walks with its legs alone (Unitree's rl_gym trains the G1's
+      // 12 leg joints only); their action fields are then ignored
+      {"upper_body_action_factor", 1.0},
       {"reset_joint_noise", 0.1},
       {"reset_base_vel_noise", 0.2},
       {"command_vx_min", -1.0},
@@ -199,7 +203,12 @@ class G1WalkFlat : public Task {
                                   Num(push_high_));
     }
     push_period_ = spec_.resample_steps > 0 ? spec_.resample_steps : spec_.max_episode_steps;
-    action_scale_ = Param(p, "action_scale");
+    const double action_scale = Param(p, "action_scale");
+    const double upper = Param(p, "upper_body_action_factor");
+    if (!(upper >= 0) || !std::isfinite(upper)) {
+      throw std::invalid_argument("g1-walk-flat: upper_body_action_factor must be a finite "
+                                  "number >= 0, got " + Num(upper));
+    }
     joint_noise_ = Param(p, "reset_joint_noise");
     base_vel_noise_ = Param(p, "reset_base_vel_noise");
     command_low_[0] = Param(p, "command_vx_min");
@@ -247,6 +256,15 @@ class G1WalkFlat : public Task {
     foot_contact_[1] = Sensor(m, "right_foot_floor_found", 1);
     FootSite(m, "left_foot", &foot_site_[0], &sole_depth_[0]);
     FootSite(m, "right_foot", &foot_site_[1], &sole_depth_[1]);
+    // a leg joint is one of the hips, knees or ankles; every other joint is the upper body's
+    for (int i = 0; i < kJoints; ++i) {
+      const char* raw = mj_id2name(m, mjOBJ_JOINT, m->actuator_trnid[2 * i]);
+      const std::string name = raw ? raw : "";
+      const bool leg = name.find("hip") != std::string::npos ||
+                       name.find("knee") != std::string::npos ||
+                       name.find("ankle") != std::string::npos;
+      action_scale_[i] = leg ? action_scale : action_scale * upper;
+    }
     const char* sides[] = {"left", "right"};
     for (int f = 0; f < 2; ++f) {
       hip_roll_[f] = Joint(m, std::string(sides[f]) + "_hip_roll_joint");
@@ -278,7 +296,7 @@ class G1WalkFlat : public Task {
   }
 
   void Act(const mjModel*, mjData* d, const mjtNum* action, mjtNum* memory) const override {
-    for (int i = 0; i < kJoints; ++i) d->ctrl[i] = home_[7 + i] + action_scale_ * action[i];
+    for (int i = 0; i < kJoints; ++i) d->ctrl[i] = home_[7 + i] + action_scale_[i] * action[i];
     if (push_high_ > 0) {  // as lightning_unilab.envs.terms.apply_due_push: due once
       memory[kPush] -= 1;
       if (memory[kPush] == 0) {
@@ -466,7 +484,8 @@ class G1WalkFlat : public Task {
     return m->sensor_adr[id];
   }
 
-  double dt_, action_scale_, joint_noise_, base_vel_noise_, gait_frequency_, min_height_,
+  mjtNum action_scale_[kJoints];  // per actuator: the upper body's may differ
+  double dt_, joint_noise_, base_vel_noise_, gait_frequency_, min_height_,
       cos_max_tilt_, sigma_, air_threshold_;
   double command_low_[3], command_high_[3];
   bool observe_linvel_;

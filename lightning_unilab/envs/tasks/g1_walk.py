@@ -76,6 +76,7 @@ class G1Params:
     push_low: float  # m/s: one push per command period of U(push_low, push_high); 0 high: off
     push_high: float
     action_scale: float
+    upper_body_action_factor: float  # the waist's and arms' scale: action_scale x this
     reset_joint_noise: float
     reset_base_vel_noise: float
     command_vx_min: float
@@ -157,6 +158,12 @@ class G1WalkFlat(NumpyTask):
             raise ValueError(f"g1-walk-flat: observe_linvel must be 0 or 1, got "
                              f"{p.observe_linvel!r}")
         self.obs_size = OBS + (3 if p.observe_linvel else 0)
+        if not (math.isfinite(p.upper_body_action_factor) and p.upper_body_action_factor >= 0):
+            raise ValueError(f"g1-walk-flat: upper_body_action_factor must be a finite number "
+                             f">= 0, got {p.upper_body_action_factor!r}")
+        leg = np.array([any(part in m.joint(int(j)).name for part in ("hip", "knee", "ankle"))
+                        for j in m.actuator_trnid[:, 0]])
+        self.action_scale = p.action_scale * np.where(leg, 1.0, p.upper_body_action_factor)
         if not (0.0 <= p.push_low <= p.push_high and math.isfinite(p.push_high)):
             raise ValueError(f"g1-walk-flat: push_low, push_high: expected 0 <= push_low <= "
                              f"push_high (m/s), got {p.push_low!r} and {p.push_high!r}")
@@ -221,7 +228,7 @@ class G1WalkFlat(NumpyTask):
         return qpos, terms.reset_base_velocity(rng, ids, self.p.reset_base_vel_noise)
 
     def controls(self, actions: np.ndarray) -> np.ndarray:
-        return self.default + self.p.action_scale * actions
+        return self.default + self.action_scale * actions
 
     def foot_heights(self, feet_z: np.ndarray) -> np.ndarray:
         """(n, 2) soles' heights above the floor (0 standing) from the foot sites' world z."""
