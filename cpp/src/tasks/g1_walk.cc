@@ -77,6 +77,12 @@ const TaskParams& Defaults() {
       {"command_vy_max", 0.5},
       {"command_yaw_min", -1.0},
       {"command_yaw_max", 1.0},
+      // the probability that a drawn command component is kept, else it is 0: MuJoCo
+      // Playground's G1 joystick keeps vx 0.9, vy 0.25 and the yaw rate 0.5 of the time, so
+      // that most commands walk straight. All 1: no draws (the stream of the plain draw).
+      {"command_keep_vx", 1.0},
+      {"command_keep_vy", 1.0},
+      {"command_keep_yaw", 1.0},
       {"gait_frequency", 1.25},
       {"min_base_height", 0.55},
       {"max_tilt_deg", 25.0},
@@ -217,6 +223,16 @@ class G1WalkFlat : public Task {
     command_high_[1] = Param(p, "command_vy_max");
     command_low_[2] = Param(p, "command_yaw_min");
     command_high_[2] = Param(p, "command_yaw_max");
+    const char* keep_names[] = {"command_keep_vx", "command_keep_vy", "command_keep_yaw"};
+    for (int i = 0; i < 3; ++i) {
+      command_keep_[i] = Param(p, keep_names[i]);
+      if (!(command_keep_[i] >= 0 && command_keep_[i] <= 1)) {
+        throw std::invalid_argument(std::string("g1-walk-flat: ") + keep_names[i] +
+                                    " must be a probability in [0, 1], got " +
+                                    Num(command_keep_[i]));
+      }
+      if (command_keep_[i] < 1) keep_draws_ = true;
+    }
     gait_frequency_ = Param(p, "gait_frequency");
     min_height_ = Param(p, "min_base_height");
     cos_max_tilt_ = std::cos(Param(p, "max_tilt_deg") * M_PI / 180.0);
@@ -285,6 +301,11 @@ class G1WalkFlat : public Task {
 
   void Resample(Rng& rng, mjtNum* memory) const override {
     for (int i = 0; i < 3; ++i) memory[kCommand + i] = rng.Uniform(command_low_[i], command_high_[i]);
+    if (keep_draws_) {  // as lightning_unilab.envs.terms.sample_velocity_command's keep
+      for (int i = 0; i < 3; ++i) {
+        if (rng.Uniform(0, 1) >= command_keep_[i]) memory[kCommand + i] = 0;
+      }
+    }
     if (push_high_ > 0) {  // as lightning_unilab.envs.terms.sample_push
       const mjtNum at = rng.Uniform(0, push_period_);
       const mjtNum speed = rng.Uniform(push_low_, push_high_);
@@ -487,7 +508,8 @@ class G1WalkFlat : public Task {
   mjtNum action_scale_[kJoints];  // per actuator: the upper body's may differ
   double dt_, joint_noise_, base_vel_noise_, gait_frequency_, min_height_,
       cos_max_tilt_, sigma_, air_threshold_;
-  double command_low_[3], command_high_[3];
+  double command_low_[3], command_high_[3], command_keep_[3];
+  bool keep_draws_ = false;
   bool observe_linvel_;
   double push_low_, push_high_, push_period_;
   double w_lin_, w_ang_, w_linz_, w_angxy_, w_orient_, w_torque_, w_rate_, w_air_, w_slip_,

@@ -85,6 +85,9 @@ class G1Params:
     command_vy_max: float
     command_yaw_min: float
     command_yaw_max: float
+    command_keep_vx: float  # the probability a drawn component is kept, else 0
+    command_keep_vy: float
+    command_keep_yaw: float
     gait_frequency: float
     min_base_height: float
     max_tilt_deg: float
@@ -197,6 +200,11 @@ class G1WalkFlat(NumpyTask):
         self.sole_depth = np.array([sole_depth(m, f) for f in FEET])
         self.command_low = np.array([p.command_vx_min, p.command_vy_min, p.command_yaw_min])
         self.command_high = np.array([p.command_vx_max, p.command_vy_max, p.command_yaw_max])
+        self.command_keep = np.array([p.command_keep_vx, p.command_keep_vy, p.command_keep_yaw])
+        for name in ("command_keep_vx", "command_keep_vy", "command_keep_yaw"):
+            if not 0.0 <= getattr(p, name) <= 1.0:
+                raise ValueError(f"g1-walk-flat: {name} must be a probability in [0, 1], got "
+                                 f"{getattr(p, name)!r}")
         self.max_tilt = p.max_tilt_deg * np.pi / 180.0
         self.reward_sum = terms.RewardSum(
             {"tracking_lin_vel": p.w_tracking_lin_vel, "tracking_ang_vel": p.w_tracking_ang_vel,
@@ -323,7 +331,7 @@ class G1WalkFlat(NumpyTask):
 
     def resample(self, ids: np.ndarray, rng: EnvRng, memory: np.ndarray) -> None:
         memory[ids, COMMAND] = terms.sample_velocity_command(rng, ids, self.command_low,
-                                                             self.command_high)
+                                                             self.command_high, self.command_keep)
         if self.p.push_high > 0:
             memory[ids, PUSH] = terms.sample_push(rng, ids, self.push_period, self.p.push_low,
                                                   self.p.push_high)

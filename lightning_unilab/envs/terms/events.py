@@ -56,10 +56,16 @@ def reset_base_velocity(rng: EnvRng, ids: np.ndarray, noise: float) -> np.ndarra
 
 
 def sample_velocity_command(rng: EnvRng, ids: np.ndarray, low: np.ndarray,
-                            high: np.ndarray) -> np.ndarray:
+                            high: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
     """(n, 3): commands (forward, sideways, yaw rate) drawn U(low, high) per component (3 draws
-    per env), for the task's command memory columns at resample."""
-    return rng.uniform(ids, np.asarray(low, np.float64), np.asarray(high, np.float64), 3)
+    per env), for the task's command memory columns at resample. ``keep`` (3,): each component
+    stays with that probability, else it is 0 (3 more draws per env, none when every one is 1):
+    MuJoCo Playground's G1 joystick zeroes most sideways and turn commands so that most walk
+    straight."""
+    cmd = rng.uniform(ids, np.asarray(low, np.float64), np.asarray(high, np.float64), 3)
+    if keep is not None and (np.asarray(keep) < 1).any():
+        cmd[rng.uniform(ids, 0.0, 1.0, 3) >= keep] = 0.0
+    return cmd
 
 
 def sample_push(rng: EnvRng, ids: np.ndarray, period: int, low: float,
