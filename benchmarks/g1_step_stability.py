@@ -1,12 +1,12 @@
 """Is g1-walk-flat stable at a longer physics step? Instability truncations per million env steps.
 
-The C++ task at each physics step (timestep 0.002 x 10, 0.005 x 4, 0.02/3 x 3 substeps per 20 ms
-control step), with the G1 recipe's randomization (recipes/unilab/g1_walk_flat.yaml: friction
-U(0.4, 1.0), link masses x U(0.9, 1.1), kp x U(0.9, 1.1), drawn per env and episode), under
-uniform random actions in [-1, 1] (the untrained policy's worst case: falls every ~1.5 s),
-under zero actions (standing at the home pose) and, with ``--checkpoint``, under the sampled
-actions of a trained policy (``policy``), each with the task's ``eulerdamp`` on and off
-(``--eulerdamp``).
+The C++ task at each physics step (timestep 0.002 x 10, 0.02/6 x 6, 0.004 x 5, 0.005 x 4, 0.02/3
+x 3 substeps per 20 ms control step), with the G1 recipe's randomization
+(recipes/unilab/g1_walk_flat.yaml: friction U(0.4, 1.0), link masses x U(0.9, 1.1), kp x U(0.9,
+1.1), drawn per env and episode), under uniform random actions in [-1, 1] (the untrained
+policy's worst case: falls every ~1.5 s), under zero actions (standing at the home pose) and,
+with ``--checkpoint``, under the sampled actions of a trained policy (``policy``), each with the
+task's ``eulerdamp`` on and off (``--eulerdamp``).
 
 An env whose substeps raise a MuJoCo warning (BADQACC, BADQVEL, ... : a diverging simulation) is
 rolled back by the pool and its episode truncated, with the warning bits in ``info["status"]``
@@ -35,7 +35,8 @@ from lightning_unilab.envs.randomization import G1Randomization
 from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 CTRL_DT = 0.02
-TIMESTEPS = {"2ms": 0.002, "5ms": 0.005, "6.67ms": CTRL_DT / 3}
+TIMESTEPS = {"2ms": 0.002, "3.33ms": CTRL_DT / 6, "4ms": 0.004, "5ms": 0.005,
+             "6.67ms": CTRL_DT / 3}
 RECIPE_RANDOMIZATION = {"friction": (0.4, 1.0), "mass_scale": (0.9, 1.1), "kp_scale": (0.9, 1.1)}
 
 

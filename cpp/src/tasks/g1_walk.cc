@@ -223,9 +223,11 @@ class G1WalkFlat : public Task {
     command_high_[1] = Param(p, "command_vy_max");
     command_low_[2] = Param(p, "command_yaw_min");
     command_high_[2] = Param(p, "command_yaw_max");
+    command_keep_[0] = Param(p, "command_keep_vx");
+    command_keep_[1] = Param(p, "command_keep_vy");
+    command_keep_[2] = Param(p, "command_keep_yaw");
     const char* keep_names[] = {"command_keep_vx", "command_keep_vy", "command_keep_yaw"};
     for (int i = 0; i < 3; ++i) {
-      command_keep_[i] = Param(p, keep_names[i]);
       if (!(command_keep_[i] >= 0 && command_keep_[i] <= 1)) {
         throw std::invalid_argument(std::string("g1-walk-flat: ") + keep_names[i] +
                                     " must be a probability in [0, 1], got " +
