@@ -216,17 +216,25 @@ def _check_sizes(policy: torch.nn.Module, task: str, obs_size: int, action_size:
             "the task it was trained on")
 
 
+# g1-walk-flat's training-only parameters and their values in the evaluation: no pushes, every
+# command component as drawn (the issue's evaluation; a command mix would make it easier)
+TRAINING_ONLY_PARAMS = {"push_low": 0.0, "push_high": 0.0, "command_keep_vx": 1.0,
+                        "command_keep_vy": 1.0, "command_keep_yaw": 1.0}
+
+
 def evaluation_task_kwargs(task_kwargs: Mapping[str, Any] | None, randomize: bool,
                            task_params: Mapping[str, float] | None) -> dict[str, Any]:
-    """The training env's keywords for the evaluation env: randomization and pushes
-    (g1-walk-flat's ``push_low``, ``push_high``: both 0) dropped unless ``randomize``,
-    ``task_params`` over the training ``params``."""
+    """The training env's keywords for the evaluation env: randomization dropped and the
+    training-only parameters given (:data:`TRAINING_ONLY_PARAMS`: pushes off, the command mix
+    off) set to their evaluation values unless ``randomize``; ``task_params`` over the training
+    ``params``."""
     kwargs = dict(task_kwargs or {})
     if not randomize:
         kwargs.pop("randomization", None)
         params = dict(kwargs.get("params") or {})
-        if params.get("push_high"):
-            kwargs["params"] = {**params, "push_low": 0.0, "push_high": 0.0}
+        if set(params) & set(TRAINING_ONLY_PARAMS):
+            kwargs["params"] = {**params, **{k: v for k, v in TRAINING_ONLY_PARAMS.items()
+                                             if k in params}}
     if task_params:
         kwargs["params"] = {**dict(kwargs.get("params") or {}), **task_params}
     return kwargs
@@ -444,8 +452,8 @@ class EvaluationRollout(pl.Callback):
         seed: start-state seed of the evaluation env.
         video: try to write the GIF (needs an OpenGL backend; the plot is always written).
         max_frames, size: GIF frames (every k-th step) and (width, height).
-        randomize: keep the data module's domain randomization and pushes (g1-walk-flat's
-            ``push_high``) in the evaluation env.
+        randomize: keep the data module's domain randomization, pushes and command mix
+            (g1-walk-flat's ``push_high``, ``command_keep_*``) in the evaluation env.
         task_params: task parameters for the evaluation env only, over the training ones, e.g.
             ``{resample_steps: 250}`` for a new g1-walk-flat command every 5 s.
     """

