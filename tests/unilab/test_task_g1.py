@@ -100,6 +100,39 @@ def test_randomization_reaches_the_pool() -> None:
     assert np.isfinite(env.buffers.obs).all()
 
 
+def test_friction_draw_reaches_the_feet() -> None:
+    """The feet touch the floor through explicit pairs: the draw must reach pair_friction."""
+    env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1,
+                        randomization=randomization(mass_scale=None, kp_scale=None))
+    env.reset(seed=0)
+    m = env.model
+    floor = m.geom("floor").id
+    on_floor = (m.pair_geom1 == floor) | (m.pair_geom2 == floor)
+    assert on_floor.sum() == 2  # the two feet
+    drawn = env.pool.model_field("geom_friction")[:, 0, 0]
+    pairs = env.pool.model_field("pair_friction")
+    assert ((drawn >= 0.4) & (drawn <= 1.0)).all() and np.ptp(drawn) > 0
+    np.testing.assert_array_equal(pairs[:, on_floor, :2],
+                                  np.broadcast_to(drawn[:, None, None], (4, 2, 2)))
+    np.testing.assert_array_equal(pairs[:, ~on_floor], np.broadcast_to(
+        m.pair_friction[~on_floor], (4, *m.pair_friction[~on_floor].shape)))
+    np.testing.assert_array_equal(pairs[:, on_floor, 2:], np.broadcast_to(
+        m.pair_friction[on_floor, 2:], (4, 2, 3)))
+    env.close()
+    # and it changes the motion: the same starts and actions on ice and on rubber part ways
+    rng = np.random.default_rng(1)
+    actions = rng.uniform(-1, 1, (30, 2, 29))
+    paths = []
+    for mu in (0.05, 2.0):
+        env = TaskVectorEnv("g1-walk-flat", 2, num_threads=1, randomization=randomization(
+            friction=(mu, mu), mass_scale=None, kp_scale=None))
+        env.reset(seed=3)
+        paths.append([env.step(a)[0][:, :3].copy() for a in actions])
+        paths[-1].append(env.pool.qpos[:, :2].copy())
+        env.close()
+    assert np.abs(paths[0][-1] - paths[1][-1]).max() > 1e-3
+
+
 @pytest.mark.parametrize("w_feet_phase", [0.0, 2.0])
 def test_reward_terms_in_info_sum_to_the_reward(w_feet_phase: float) -> None:
     env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1,

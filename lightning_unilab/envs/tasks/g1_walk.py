@@ -385,18 +385,29 @@ def randomization(friction: tuple[float, float] | None = (0.4, 1.0),
 
     Values are drawn per env and per episode and applied through BatchEnvPool.reset; kd scales
     the position actuators' own damping (zero in this G1, whose damping is in dof_damping).
+    The scene's feet touch the floor only through explicit contact pairs, whose friction MuJoCo
+    takes from ``pair_friction`` and not from the geoms: the friction draw sets both sliding
+    coefficients of every pair with the floor, and the geoms' sliding friction for any other
+    contact.
     """
     m = model if model is not None else G1WalkFlat().model()
     gain = m.actuator_gainprm[:, 0].copy()
     kd = -m.actuator_biasprm[:, 2].copy()
+    floor = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, "floor")
+    floor_pairs = np.flatnonzero((m.pair_geom1 == floor) | (m.pair_geom2 == floor))
 
     def draw(rng: np.random.Generator, ids: np.ndarray) -> dict[str, np.ndarray]:
         n = len(ids)
         out: dict[str, np.ndarray] = {}
         if friction is not None:
+            mu = rng.uniform(*friction, size=(n, 1))
             f = np.broadcast_to(m.geom_friction, (n, *m.geom_friction.shape)).copy()
-            f[:, :, 0] = rng.uniform(*friction, size=(n, 1))
+            f[:, :, 0] = mu
             out["geom_friction"] = f
+            if floor_pairs.size:
+                pf = np.broadcast_to(m.pair_friction, (n, *m.pair_friction.shape)).copy()
+                pf[:, floor_pairs, :2] = mu[:, :, None]
+                out["pair_friction"] = pf
         if mass_scale is not None:
             out["body_mass"] = m.body_mass * rng.uniform(*mass_scale, size=(n, m.nbody))
         if kp_scale is not None:
