@@ -339,13 +339,20 @@ print("OK", len(frames))
 
 
 def render_episode(episode: Episode, path: str | os.PathLike, max_frames: int = 100,
-                   size: tuple[int, int] = (240, 180), timeout: float = 300.0) -> str | None:
+                   size: tuple[int, int] = (240, 180),
+                   timeout: float | None = None) -> str | None:
     """Write the episode as a GIF (every k-th state, at most ``max_frames``); returns None on
-    success or the reason it could not render (no OpenGL backend)."""
+    success or the reason it could not render (no OpenGL backend, or one too slow).
+
+    ``timeout`` bounds each backend's try; by default 120 s plus 10 s a frame, because Mesa's
+    software renderer draws a G1 frame in 1-3 s on a busy CPU, and a fixed bound reported a
+    working backend as missing."""
     if episode.states is None or len(episode.states) == 0:
         return "no states recorded"
     stride = max(1, -(-len(episode.states) // max_frames))
     states = episode.states[::stride]
+    if timeout is None:
+        timeout = 120.0 + 10.0 * len(states)
     fps = max(1.0, 1.0 / (episode.dt * stride)) if episode.dt > 0 else 30.0
     tried = []
     task = json.dumps(episode.task_ref) if episode.task_ref else episode.task
@@ -366,7 +373,7 @@ def render_episode(episode: Episode, path: str | os.PathLike, max_frames: int = 
                      str(size[1]), f"{fps:.4f}"], env=env, capture_output=True, text=True,
                     timeout=timeout)
             except subprocess.TimeoutExpired:
-                tried.append(f"{backend}: timed out after {timeout:.0f} s")
+                tried.append(f"{backend}: {len(states)} frames not drawn in {timeout:.0f} s")
                 continue
             if run.returncode == 0 and run.stdout.strip().startswith("OK"):
                 return None
@@ -395,7 +402,7 @@ def evaluate_policy(policy: torch.nn.Module, task: Any, out_dir: str | os.PathLi
         if reason is None:
             summary["video"] = str(out / "episode.gif")
         else:
-            summary["video_skipped"] = f"no OpenGL backend ({reason})"
+            summary["video_skipped"] = f"no GIF rendered ({reason})"
     _write_json(out / "episode.json", summary)
     return summary
 

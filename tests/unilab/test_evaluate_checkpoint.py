@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_unilab.evaluate import EvaluationRollout, _main, run_episode
+from lightning_unilab.evaluate import Episode, EvaluationRollout, _main, render_episode, run_episode
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "unilab" / "inverted_pendulum.yaml")
 
@@ -179,3 +179,14 @@ def test_tracking_errors_per_command():
     # standing still: the commands' sizes, |(1, 0)| twice and |(0, 0.5)| three times
     assert tracking["standing_lin_vel_error_mps"] == pytest.approx((2 * 1.0 + 3 * 0.5) / 5)
     assert tracking["standing_yaw_rate_error_radps"] == pytest.approx(3 * 0.2 / 5)
+
+
+def test_a_render_slower_than_its_bound_says_so(tmp_path):
+    """The GIF's bound is per backend try; a slow renderer is reported as slow, with the frame
+    count and the bound, not as a missing backend, and no GIF is left behind."""
+    states = np.zeros((7, 4))
+    episode = Episode(task="Pendulum-v1", rewards=np.zeros(6), states=states, dt=0.05)
+    reason = render_episode(episode, tmp_path / "e.gif", max_frames=3, timeout=0.01)
+    assert reason is not None and not (tmp_path / "e.gif").exists()
+    tries = reason.split("; ")
+    assert len(tries) >= 2 and all(t.endswith(": 3 frames not drawn in 0 s") for t in tries)
