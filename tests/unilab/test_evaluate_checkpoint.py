@@ -190,3 +190,26 @@ def test_a_render_slower_than_its_bound_says_so(tmp_path):
     assert reason is not None and not (tmp_path / "e.gif").exists()
     tries = reason.split("; ")
     assert len(tries) >= 2 and all(t.endswith(": 3 frames not drawn in 0 s") for t in tries)
+
+
+def test_the_default_render_bound_grows_with_the_frames_drawn(tmp_path, monkeypatch):
+    """Without ``timeout`` each backend try gets 120 s plus 10 s for every frame it draws
+    (the states kept after striding to ``max_frames``), so a long episode is not cut short."""
+    import subprocess
+
+    import lightning_unilab.evaluate as evaluate
+
+    bounds = []
+
+    def slow(cmd, timeout, **kwargs):
+        bounds.append(timeout)
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(evaluate.subprocess, "run", slow)
+    episode = Episode(task="Pendulum-v1", rewards=np.zeros(6), states=np.zeros((7, 4)), dt=0.05)
+    few = render_episode(episode, tmp_path / "a.gif", max_frames=3)  # states 0, 3, 6
+    n_tries = len(bounds)
+    many = render_episode(episode, tmp_path / "b.gif", max_frames=100)  # all 7 states
+    assert n_tries >= 1 and len(bounds) == 2 * n_tries
+    assert bounds[:n_tries] == [150.0] * n_tries and bounds[n_tries:] == [190.0] * n_tries
+    assert "3 frames not drawn in 150 s" in few and "7 frames not drawn in 190 s" in many
