@@ -183,23 +183,34 @@ def test_foot_heights_are_zero_standing() -> None:
     assert ((heights > -0.006) & (heights < 0.001)).all(), heights
 
 
-def test_reward_floor_keeps_a_falling_robot_from_preferring_to_fall() -> None:
+@pytest.mark.parametrize("w_termination", [-1.0, -200.0])
+def test_reward_floor_keeps_a_falling_robot_from_preferring_to_fall(w_termination: float) -> None:
     rng = np.random.default_rng(0)
     actions = rng.uniform(-1, 1, (40, 4, 29))
-    rewards = {}
+    rewards, penalty = {}, None
     for floor in (0.0, -np.inf):
-        env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1, params={"reward_floor": floor})
+        env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1,
+                            params={"reward_floor": floor, "w_termination": w_termination})
         env.reset(seed=1)
         steps = [env.step(a) for a in actions]
         rewards[floor] = np.stack([s[1] for s in steps])
         lift = np.stack([s[4]["reward_floor"] for s in steps])
-        terms = np.stack([sum(s[4][n] for n in env.spec.info_names if n != "reward_floor")
-                          for s in steps])
-        np.testing.assert_allclose(lift, np.maximum(floor, terms) - terms, atol=1e-12)
+        penalty = np.stack([s[4]["reward_termination"] for s in steps])
+        under = np.stack([sum(s[4][n] for n in env.spec.info_names
+                              if n not in ("reward_floor", "reward_termination")) for s in steps])
+        # the floor lifts the terms under it; the termination penalty comes after, uncancelled
+        np.testing.assert_allclose(lift, np.maximum(floor, under) - under, atol=1e-12)
+        np.testing.assert_allclose(rewards[floor], np.maximum(floor, under) + penalty, atol=1e-12)
+    fell = penalty != 0
+    assert fell.sum() >= 3, fell.sum()  # random actions topple some envs within 40 steps
+    np.testing.assert_allclose(penalty[fell], 0.02 * w_termination, atol=1e-12)
     # random actions make penalties win: without the floor some steps are negative
-    assert (rewards[-np.inf] < 0).any()
-    assert (rewards[0.0] >= 0).all()
-    np.testing.assert_allclose(rewards[0.0], np.maximum(0.0, rewards[-np.inf]), atol=1e-12)
+    assert (rewards[-np.inf][~fell] < 0).any()
+    assert (rewards[0.0][~fell] >= 0).all()
+    # a fall costs the whole penalty below the floor, not just the step's positive rest
+    assert (rewards[0.0][fell] <= 0.02 * w_termination + 0.02 * 5).all()
+    np.testing.assert_allclose(rewards[0.0], np.maximum(0.0, rewards[-np.inf] - penalty) + penalty,
+                               atol=1e-12)
 
 
 def test_alive_bonus_is_paid_on_every_step_that_does_not_fall() -> None:

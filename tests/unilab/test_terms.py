@@ -443,6 +443,17 @@ def test_reward_sum_weights_terms_into_info_shares() -> None:
     assert info["reward_floor"][1] > 0 and info["reward_floor"][0] == 0
     no_floor = terms.RewardSum({"lin": 1.0})
     assert no_floor.info_names == ("reward_lin",)
+    # a penalty after the floor is paid in full: 0.02 x (0.1 - 0.2 - 1) floors to 0 under it
+    after = terms.RewardSum({"lin": 1.0, "rate": -0.01, "fall": -1.0}, scale=0.02, floor=0.0,
+                            after_floor=("fall",))
+    reward, info = after({"lin": lin, "rate": rate, "fall": fall})
+    for r in range(3):
+        under = 0.02 * (lin[r] - 0.01 * rate[r])
+        assert abs(reward[r] - (max(0.0, under) - 0.02 * float(fall[r]))) < ATOL
+        assert abs(sum(info[k][r] for k in after.info_names) - reward[r]) < ATOL
+    assert abs(reward[1] + 0.02) < ATOL and info["reward_floor"][1] > 0
+    with pytest.raises(ValueError, match=r"after_floor: expected names among the weights"):
+        terms.RewardSum({"lin": 1.0}, floor=0.0, after_floor=("fall",))
     with pytest.raises(ValueError, match=r"missing \['rate'\], unweighted \['rte'\]"):
         rsum({"lin": lin, "rte": rate, "fall": fall})
     with pytest.raises(ValueError, match="weights\\['x'\\]"):

@@ -398,12 +398,14 @@ class G1WalkFlat : public Task {
     for (int i = 0; i < m->nv; ++i) finite &= std::isfinite(d->qvel[i]);
     const bool fallen = !finite || d->qpos[2] < min_height_ || -g[2] < cos_max_tilt_;
 
-    const mjtNum total = w_lin_ * lin + w_ang_ * ang + w_linz_ * linz + w_angxy_ * angxy +
-                         w_orient_ * orient + w_torque_ * torque + w_rate_ * rate +
-                         w_air_ * air + w_slip_ * slip + w_term_ * (fallen ? 1.0 : 0.0) +
-                         w_alive_ * (fallen ? 0.0 : 1.0) + w_phase_ * phase_term +
-                         w_pose_ * pose + w_hip_ * hip + w_knee_ * knee;
-    out->reward = std::max(reward_floor_, dt_ * total);
+    // the termination penalty is added after the floor (as legged_gym does), so that the floor
+    // cannot cancel it: under the floor a fall would cost at most that step's positive rest
+    const mjtNum floored = w_lin_ * lin + w_ang_ * ang + w_linz_ * linz + w_angxy_ * angxy +
+                           w_orient_ * orient + w_torque_ * torque + w_rate_ * rate +
+                           w_air_ * air + w_slip_ * slip + w_alive_ * (fallen ? 0.0 : 1.0) +
+                           w_phase_ * phase_term + w_pose_ * pose + w_hip_ * hip + w_knee_ * knee;
+    const mjtNum lifted = std::max(reward_floor_, dt_ * floored);
+    out->reward = lifted + dt_ * w_term_ * (fallen ? 1.0 : 0.0);
     out->terminated = fallen;
     if (mjtNum* info = out->info) {
       const mjtNum terms[] = {w_lin_ * lin,   w_ang_ * ang,       w_linz_ * linz, w_angxy_ * angxy,
@@ -413,7 +415,7 @@ class G1WalkFlat : public Task {
                               w_pose_ * pose, w_hip_ * hip,   w_knee_ * knee};
       constexpr int kTerms = sizeof(terms) / sizeof(terms[0]);
       for (int k = 0; k < kTerms; ++k) info[k] = dt_ * terms[k];
-      info[kTerms] = out->reward - dt_ * total;  // what the floor added: shares sum to reward
+      info[kTerms] = lifted - dt_ * floored;  // what the floor added: shares sum to reward
     }
     for (int i = 0; i < kJoints; ++i) memory[kLastAction + i] = action[i];
     memory[kStep] += 1;

@@ -215,7 +215,7 @@ class G1WalkFlat(NumpyTask):
              "feet_phase": p.w_feet_phase, "pose": p.w_pose,
              "joint_deviation_hip": p.w_joint_deviation_hip,
              "joint_deviation_knee": p.w_joint_deviation_knee},
-            scale=self.dt, floor=p.reward_floor)
+            scale=self.dt, floor=p.reward_floor, after_floor=("termination",))
 
     @property
     def spec(self) -> TaskSpec:

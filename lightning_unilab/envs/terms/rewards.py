@@ -8,7 +8,7 @@ Stateful terms (feet air time) update the memory columns they are given in place
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -160,17 +160,22 @@ def feet_contact_phase(contact: np.ndarray, phase: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RewardSum:
-    """reward = max(floor, scale * sum_k weight_k * term_k), with each term's share for ``info``.
+    """reward = max(floor, scale * sum_k weight_k * term_k) + scale * sum_a weight_a * term_a,
+    k over the terms under the floor and a over ``after_floor``, with each term's share for
+    ``info``.
 
     ``info_names`` are ``reward_<term>`` in the order of ``weights`` (and ``reward_floor``, what
     the floor added, when there is a floor), ready for ``TaskSpec(info_names=...)``: the shares
     sum to the reward, so logs and the evaluation plot show where it came from. scale is
-    usually the control step (rewards per second of simulated time).
+    usually the control step (rewards per second of simulated time). ``after_floor`` holds
+    penalties the floor must not cancel, as legged_gym adds its termination penalty after
+    clipping: under a floor of 0 a fall would cost at most that step's positive rest.
     """
 
     weights: Mapping[str, float]
     scale: float = 1.0
     floor: float | None = None  # None: no floor, no reward_floor column
+    after_floor: tuple[str, ...] = ()
     _names: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -182,7 +187,12 @@ class RewardSum:
                 raise ValueError(f"weights[{name!r}]: expected a finite number, got {w!r}")
         if self.floor is not None and math.isnan(self.floor):
             raise ValueError("floor: expected a number or None, got NaN")
+        unknown = [k for k in self.after_floor if k not in self.weights]
+        if unknown:
+            raise ValueError(f"after_floor: expected names among the weights {list(self.weights)}"
+                             f", got {unknown}")
         object.__setattr__(self, "weights", dict(self.weights))  # later edits cannot reach it
+        object.__setattr__(self, "after_floor", tuple(self.after_floor))
         names = tuple(f"reward_{k}" for k in self.weights)
         object.__setattr__(self, "_names", names + (("reward_floor",) if self.floor is not None
                                                     else ()))
@@ -200,13 +210,19 @@ class RewardSum:
             raise ValueError(f"reward terms: missing {missing}, unweighted {extra}; expected "
                              f"exactly {list(self.weights)}")
         weighted = [(k, w * np.asarray(terms[k])) for k, w in self.weights.items()]
-        total = weighted[0][1]
-        for _, wt in weighted[1:]:
-            total = total + wt
-        scaled = self.scale * total
         info = {f"reward_{k}": self.scale * wt for k, wt in weighted}
+        under = self.scale * _sum(wt for k, wt in weighted if k not in self.after_floor)
+        after = self.scale * _sum(wt for k, wt in weighted if k in self.after_floor)
         if self.floor is None:
-            return scaled, info
-        reward = np.maximum(self.floor, scaled)
-        info["reward_floor"] = reward - scaled
-        return reward, info
+            return under + after, info
+        lifted = np.maximum(self.floor, under)
+        info["reward_floor"] = lifted - under
+        return lifted + after, info
+
+
+def _sum(values: Iterable[np.ndarray]) -> np.ndarray | float:
+    """Left-to-right sum (0.0 for none), the order the C++ tasks add in."""
+    total: np.ndarray | float = 0.0
+    for v in values:
+        total = total + v
+    return total
