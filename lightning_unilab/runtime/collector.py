@@ -133,6 +133,9 @@ def _main(config: CollectorConfig, ring_handle: RingHandle, board_handle: BoardH
         # OpenMP threads spin between them on the cores the pool needs (sync mode collected at
         # 0.69x rsl_rl's speed on 2 cores with 2 torch threads here)
         torch.set_num_threads(1)
+        # denormal activations slow a trained policy's forward pass on CPU (the learner's
+        # ``flush_denormal``); the actor's actions do not need them
+        torch.set_flush_denormal(True)
         torch.manual_seed(config.seed)  # action sampling: a fixed seed gives a repeatable run
         ring = Ring.attach(ring_handle)
         board = WeightBoard.attach(board_handle)

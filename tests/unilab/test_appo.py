@@ -10,7 +10,7 @@ from inprocess_rollouts import FixedBatches, one_rollout
 from torch.distributions import Normal, kl_divergence
 
 from lightning_unilab.learner import losses
-from lightning_unilab.learner.appo import APPOModule, adapted_lr, next_actor_lr
+from lightning_unilab.learner.appo import APPOModule, adapted_lr, flushes_denormals, next_actor_lr
 from lightning_unilab.learner.policy import ActorCritic, ValueNormalizer
 from lightning_unilab.runtime.rollout import RolloutSpec
 
@@ -166,6 +166,24 @@ def test_module_builds_its_policy_with_the_normalizer_settings():
     module.setup("fit")
     assert module.policy.obs_normalizer.clip is None
     assert module.policy.critic_normalizer.eps == 1e-4
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_setup_flushes_denormals_on_the_learner_thread_and_teardown_restores(flush):
+    torch.set_flush_denormal(False)
+    try:
+        denormal = torch.tensor([1e-40])  # below float32's smallest normal, 1.2e-38
+        module = APPOModule(actor_hidden=(4,), critic_hidden=(4,), obs_size=3, action_size=1,
+                            flush_denormal=flush)
+        assert (denormal * 1.0).item() != 0.0 and not flushes_denormals()  # before setup: kept
+        module.setup("fit")
+        assert ((denormal * 1.0).item() == 0.0) is flush is flushes_denormals()
+        module.teardown("fit")
+        assert (denormal * 1.0).item() != 0.0 and not flushes_denormals()
+    finally:
+        torch.set_flush_denormal(False)
+    with pytest.raises(ValueError, match="flush_denormal"):
+        APPOModule(flush_denormal="yes")
 
 
 # ---------------------------------------------------------------- the module's targets
