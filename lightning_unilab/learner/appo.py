@@ -184,11 +184,11 @@ class APPOModule(pl.LightningModule):
             slots by Polyak averaging with ``target_tau``); off: the target is the pre-update
             policy of each slot.
         normalize_advantages: z-score advantages over the slot.
-        flush_denormal: from ``setup`` on, the learner's thread treats floats below 1.2e-38 as
-            0 (``torch.set_flush_denormal``, process-wide on that thread): on CPU denormal
-            activations made one G1 update 2.9x slower after 2 h of training
-            (docs/unilab/results.md, "A fall penalty after the reward floor"). False leaves
-            the thread's mode as it is.
+        flush_denormal: from ``setup`` to ``teardown`` the learner's thread treats floats
+            below 1.2e-38 as 0 (``torch.set_flush_denormal``, a per-thread CPU mode; teardown
+            restores the mode setup found): on CPU denormal activations made one G1 update 2.9x
+            slower after 2 h of training (docs/unilab/results.md, "A fall penalty after the
+            reward floor"). False leaves the thread's mode as it is.
     """
 
     def __init__(
