@@ -18,7 +18,8 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,6 +131,21 @@ def flushes_denormals() -> bool:
     return torch.tensor([1e-40]).item() == 0.0
 
 
+@contextmanager
+def denormals_flushed(enabled: bool = True) -> Iterator[None]:
+    """This thread treats denormal floats as 0 inside the block and gets its mode back after,
+    also when the block raises: the mode is the thread's, and a user's process outlives a fit."""
+    if not enabled:
+        yield
+        return
+    before = flushes_denormals()
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(before)
+
+
 class APPOModule(pl.LightningModule):
     """Actor-critic trained with PPO-clip, one rollout slot per step.
 
@@ -184,11 +200,11 @@ class APPOModule(pl.LightningModule):
             slots by Polyak averaging with ``target_tau``); off: the target is the pre-update
             policy of each slot.
         normalize_advantages: z-score advantages over the slot.
-        flush_denormal: from ``setup`` to ``teardown`` the learner's thread treats floats
-            below 1.2e-38 as 0 (``torch.set_flush_denormal``, a per-thread CPU mode; teardown
-            restores the mode setup found): on CPU denormal activations made one G1 update 2.9x
-            slower after 2 h of training (docs/unilab/results.md, "A fall penalty after the
-            reward floor"). False leaves the thread's mode as it is.
+        flush_denormal: each update treats floats below 1.2e-38 as 0
+            (``torch.set_flush_denormal``, a per-thread CPU mode, restored when the step ends or
+            raises): on CPU denormal activations made one G1 update 2.9x slower after 2 h of
+            training (docs/unilab/results.md, "A fall penalty after the reward floor"). False
+            leaves the thread's mode as it is.
     """
 
     def __init__(
@@ -287,21 +303,12 @@ class APPOModule(pl.LightningModule):
         # seeded in setup from the global seed (seed_everything). Made there, not here: a
         # Generator does not survive ddp_spawn's pickling of the module
         self._shuffle: torch.Generator | None = None
-        self._denormal_mode: bool | None = None  # the thread's mode before setup, for teardown
         self.return_mean = RunningMean(window=10, sync_on_compute=False)
         self.length_mean = RunningMean(window=10, sync_on_compute=False)
 
     # ------------------------------------------------------------------ setup
 
-    def teardown(self, stage: str) -> None:
-        if self._denormal_mode is not None:  # the thread's mode as setup found it
-            torch.set_flush_denormal(self._denormal_mode)
-            self._denormal_mode = None
-
     def setup(self, stage: str) -> None:
-        if self.hparams.flush_denormal and self._denormal_mode is None:
-            self._denormal_mode = flushes_denormals()
-            torch.set_flush_denormal(True)
         self._shuffle = torch.Generator().manual_seed(torch.initial_seed())
         sizes = self._task_sizes()
         if self.policy is None:
@@ -479,11 +486,12 @@ class APPOModule(pl.LightningModule):
         if self._policy.normalize_obs:
             self._policy.obs_normalizer.update_moments(*obs_moments)
             self._policy.critic_normalizer.update_moments(*critic_moments)
-        slot = self.prepare(batch)
-        if self.hparams.normalize_values:
-            self._policy.value_normalizer.update_preserving(
-                self._policy.critic[-1], *self._moments(slot.returns[:, None]))
-        update = self._update(slot)
+        with denormals_flushed(self.hparams.flush_denormal):
+            slot = self.prepare(batch)
+            if self.hparams.normalize_values:
+                self._policy.value_normalizer.update_preserving(
+                    self._policy.critic[-1], *self._moments(slot.returns[:, None]))
+            update = self._update(slot)
         self.policy_version += 1
         self._refresh_target()
         update_s = time.perf_counter() - start

@@ -10,7 +10,13 @@ from inprocess_rollouts import FixedBatches, one_rollout
 from torch.distributions import Normal, kl_divergence
 
 from lightning_unilab.learner import losses
-from lightning_unilab.learner.appo import APPOModule, adapted_lr, flushes_denormals, next_actor_lr
+from lightning_unilab.learner.appo import (
+    APPOModule,
+    adapted_lr,
+    denormals_flushed,
+    flushes_denormals,
+    next_actor_lr,
+)
 from lightning_unilab.learner.policy import ActorCritic, ValueNormalizer
 from lightning_unilab.runtime.rollout import RolloutSpec
 
@@ -169,19 +175,51 @@ def test_module_builds_its_policy_with_the_normalizer_settings():
 
 
 @pytest.mark.parametrize("flush", [True, False])
-def test_setup_flushes_denormals_on_the_learner_thread_and_teardown_restores(flush):
+@pytest.mark.parametrize("fails", [False, True])
+def test_each_update_flushes_denormals_and_the_thread_gets_its_mode_back(pendulum_batch, flush,
+                                                                         fails):
+    policy, batch, spec = pendulum_batch
+    module = APPOModule(policy=_copy(policy), flush_denormal=flush, **SMALL)
+    modes: list[bool] = []
+    loss_terms = module.loss_terms
+
+    def recording(slot, idx=None):
+        modes.append(flushes_denormals())
+        if fails and len(modes) == 2:
+            raise RuntimeError("planted")
+        return loss_terms(slot, idx)
+
+    module.loss_terms = recording
     torch.set_flush_denormal(False)
     try:
-        denormal = torch.tensor([1e-40])  # below float32's smallest normal, 1.2e-38
-        module = APPOModule(actor_hidden=(4,), critic_hidden=(4,), obs_size=3, action_size=1,
-                            flush_denormal=flush)
-        assert (denormal * 1.0).item() != 0.0 and not flushes_denormals()  # before setup: kept
-        module.setup("fit")
-        assert ((denormal * 1.0).item() == 0.0) is flush is flushes_denormals()
-        module.teardown("fit")
-        assert (denormal * 1.0).item() != 0.0 and not flushes_denormals()
+        if fails:
+            with pytest.raises(RuntimeError, match="planted"):
+                _fit(module, FixedBatches([batch], spec))
+        else:
+            _fit(module, FixedBatches([batch], spec))
+        after = flushes_denormals()
     finally:
         torch.set_flush_denormal(False)
+    assert modes and set(modes) == {flush}  # every minibatch of the update
+    assert not after  # the mode the fit found, also when the update raised
+
+
+def test_denormals_flushed_scopes_the_mode_to_its_block():
+    denormal = torch.tensor([1e-40])  # below float32's smallest normal, 1.2e-38
+    for outer in (False, True):
+        torch.set_flush_denormal(outer)
+        try:
+            with denormals_flushed():
+                assert (denormal * 1.0).item() == 0.0
+            assert flushes_denormals() is outer
+            with denormals_flushed(enabled=False):
+                assert flushes_denormals() is outer
+            with pytest.raises(KeyError), denormals_flushed():
+                raise KeyError("inside")
+            assert flushes_denormals() is outer
+        finally:
+            torch.set_flush_denormal(False)
+    assert (denormal * 1.0).item() != 0.0
     with pytest.raises(ValueError, match="flush_denormal"):
         APPOModule(flush_denormal="yes")
 
