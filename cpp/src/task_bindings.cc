@@ -96,14 +96,17 @@ void BindTasks(py::module_& mod) {
 
   py::class_<TaskEnv>(mod, "TaskEnv")
       .def(py::init([](BatchEnvPool& pool, const std::string& name, const TaskParams& params,
-                       bool same_step) {
-             auto task = MakeTask(name, pool.model(), params);
+                       bool same_step, const TaskArrays& arrays) {
+             auto task = MakeTask(name, pool.model(), params, arrays);
              return std::make_unique<TaskEnv>(
                  &pool, std::move(task), same_step ? Autoreset::kSameStep : Autoreset::kNextStep);
            }),
            py::arg("pool"), py::arg("task"), py::arg("params"), py::arg("same_step"),
-           py::keep_alive<1, 2>())
+           py::arg("arrays") = TaskArrays{}, py::keep_alive<1, 2>())
       .def_property_readonly("spec", [](const TaskEnv& env) { return SpecDict(env.task().spec()); })
+      .def("shared",
+           [](const TaskEnv& env) { return ToArray(env.task().shared()); },
+           "A copy of the task's shared state (the tracking task's start-bin statistics).")
       .def(
           "seed",
           [](TaskEnv& env, std::optional<IdArray> ids, std::uint64_t seed) {
@@ -172,6 +175,7 @@ void BindTasks(py::module_& mod) {
              out["returns"] = ToArray(state.returns);
              out["lengths"] = ToArray(state.lengths);
              out["pending"] = ToArray(state.pending);
+             out["shared"] = ToArray(state.shared);
              return out;
            })
       .def(
@@ -181,7 +185,8 @@ void BindTasks(py::module_& mod) {
                                       FromArray<mjtNum>(state, "memory"),
                                       FromArray<mjtNum>(state, "returns"),
                                       FromArray<std::int32_t>(state, "lengths"),
-                                      FromArray<std::uint8_t>(state, "pending")});
+                                      FromArray<std::uint8_t>(state, "pending"),
+                                      FromArray<mjtNum>(state, "shared")});
           },
           py::arg("state"))
       .def("memory",

@@ -35,7 +35,7 @@ void TaskEnv::Seed(const int* ids, int nid, std::uint64_t seed) {
 }
 
 EpisodeState TaskEnv::GetState() const {
-  EpisodeState state{{}, memory_, return_, length_, pending_};
+  EpisodeState state{{}, memory_, return_, length_, pending_, task_->shared()};
   state.rng.reserve(rng_.size());
   for (const Rng& rng : rng_) state.rng.push_back(rng.state);
   return state;
@@ -57,12 +57,14 @@ void TaskEnv::SetState(const EpisodeState& state) {
   CheckRows("returns", state.returns.size(), n);
   CheckRows("lengths", state.lengths.size(), n);
   CheckRows("pending", state.pending.size(), n);
+  CheckRows("shared", state.shared.size(), task_->shared().size());
   for (size_t i = 0; i < n; ++i) rng_[i].state = state.rng[i];
   // copies into the existing buffers: Python holds views of memory_ and length_
   std::copy(state.memory.begin(), state.memory.end(), memory_.begin());
   std::copy(state.returns.begin(), state.returns.end(), return_.begin());
   std::copy(state.lengths.begin(), state.lengths.end(), length_.begin());
   std::copy(state.pending.begin(), state.pending.end(), pending_.begin());
+  task_->shared() = state.shared;
 }
 
 void TaskEnv::ObserveInto(const mjModel* m, const mjData* d, int env, mjtNum* obs,
@@ -79,7 +81,8 @@ void TaskEnv::StartInfoInto(const mjModel* m, const mjData* d, int env, mjtNum* 
   if (!info || spec.info_names.empty()) return;
   mjtNum* row = info + static_cast<size_t>(env) * spec.info_names.size();
   for (size_t i = 0; i < spec.info_names.size(); ++i) row[i] = 0;
-  task_->StartInfo(m, d, row);
+  task_->StartInfoWithMemory(m, d, memory_.data() + static_cast<size_t>(env) * spec.memory_size,
+                             row);
 }
 
 void TaskEnv::StartEpisode(const mjModel* m, mjData* d, int env, const mjtNum* state) {
@@ -200,6 +203,7 @@ void TaskEnv::StepKernel(const mjModel* m, mjData* d, int env, void* arg) {
 void TaskEnv::Step(const mjtNum* actions, const StepBuffers& out, bool float32_actions) {
   Call call{this, actions, nullptr, nullptr, out, float32_actions};
   pool_->Apply(nullptr, 0, &StepKernel, &call, true);
+  task_->Update(memory_.data(), num_envs());
 }
 
 }  // namespace omnilab

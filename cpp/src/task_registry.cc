@@ -28,12 +28,14 @@ std::string Join(const std::vector<std::string>& names) {
 
 void RegisterGymTasks();
 void RegisterG1Tasks();
+void RegisterG1TrackingTasks();
 
 namespace {
 void EnsureRegistered() {
   static const bool done = [] {
     RegisterGymTasks();
     RegisterG1Tasks();
+    RegisterG1TrackingTasks();
     return true;
   }();
   (void)done;
@@ -65,8 +67,8 @@ const Registered& Find(const std::string& name) {
 }  // namespace
 
 std::unique_ptr<Task> MakeTask(const std::string& name, const mjModel* m,
-                               const TaskParams& params) {
-  return Find(name).factory(m, params);
+                               const TaskParams& params, const TaskArrays& arrays) {
+  return Find(name).factory(m, params, arrays);
 }
 
 TaskParams TaskDefaults(const std::string& name) { return Find(name).defaults; }
@@ -86,6 +88,27 @@ void ParamReader::CheckAllUsed(const std::string& task) const {
                                   "'; it has: " + Join(known));
     }
   }
+}
+
+void RefuseArrays(const std::string& task, const TaskArrays& arrays) {
+  if (!arrays.empty()) {
+    throw std::invalid_argument("task '" + task + "' reads no arrays; got '" +
+                                arrays.begin()->first + "'");
+  }
+}
+
+const std::vector<double>& RequireArray(const std::string& task, const TaskArrays& arrays,
+                                        const std::string& key, size_t row) {
+  auto it = arrays.find(key);
+  if (it == arrays.end()) {
+    throw std::invalid_argument("task '" + task + "' needs the array '" + key + "'");
+  }
+  if (it->second.empty() || row == 0 || it->second.size() % row != 0) {
+    throw std::invalid_argument("task '" + task + "': array '" + key + "' has " +
+                                std::to_string(it->second.size()) +
+                                " values, expected a positive multiple of " + std::to_string(row));
+  }
+  return it->second;
 }
 
 }  // namespace omnilab

@@ -202,6 +202,8 @@ class TaskVectorEnv:
         autoreset: "same_step" or "next_step" (see the module doc).
         params: task parameters overriding defaults (C++ tasks; e.g. {"ctrl_cost_weight": 0.2});
             for a task class, init args over its own (a NumpyTask instance takes none).
+        task_data: a C++ task's data that are not numbers (g1-motion-tracking's ``motions``:
+            clip files), which its registry entry turns into the arrays the task reads.
         randomization: optional function (rng, ids) -> {pool model field: values} applied through
             ``BatchEnvPool.reset(randomization=...)`` to every env at reset() and to each env
             whose episode ended, before its next episode's first step.
@@ -219,6 +221,7 @@ class TaskVectorEnv:
         *,
         autoreset: str = "same_step",
         params: Mapping[str, float] | None = None,
+        task_data: Mapping[str, Any] | None = None,
         randomization: Randomizer | None = None,
         nonfinite: str = "raise",
         seed: int = 0,
@@ -253,9 +256,11 @@ class TaskVectorEnv:
             self.name = task.name if task.name != NumpyTask.name else type(task).__name__
             if params:
                 raise ValueError("params: a NumpyTask takes its parameters in its constructor")
+            if task_data:
+                raise ValueError("task_data: a NumpyTask takes its data in its constructor")
             model, self.spec = _numpy_model_and_spec(task)
             self.pool = BatchEnvPool(model, num_envs, num_threads, outputs=task.outputs,
-                                     stage="none")
+                                     stage=task.stage)
             self._core = None
             self._memory = np.zeros((num_envs, self.spec.memory_size))
             self._rng = EnvRng(num_envs, seed)
@@ -270,9 +275,11 @@ class TaskVectorEnv:
             self._params = clean
             # model-level params (g1-walk-flat's timestep) go into the model here: the C++
             # task sees it const and checks it
-            self.pool = BatchEnvPool(info.load_model(clean), num_envs, num_threads)
+            model = info.load_model(clean)
+            arrays = info.task_arrays(model, clean, task_data)
+            self.pool = BatchEnvPool(model, num_envs, num_threads)
             self._core = _core.TaskEnv(self.pool.core, info.name, clean,
-                                       autoreset == "same_step")
+                                       autoreset == "same_step", arrays)
             self.spec = TaskSpec.from_dict(self._core.spec)
             self._memory = self._core.memory()
             self._core.seed(None, int(seed) % 2**64)
@@ -374,6 +381,7 @@ class TaskVectorEnv:
                             float32)
         else:
             self._numpy_step(acts, out)
+            self._numpy.update(self._memory)
         done = out.terminated | out.truncated
         if self._randomization is not None and done.any():
             self._randomize(np.flatnonzero(done), keep_state=True)
@@ -395,7 +403,8 @@ class TaskVectorEnv:
         else:
             episodes = {"rng": self._rng.state.copy(), "memory": self._memory.ravel().copy(),
                         "returns": self._return.copy(), "lengths": self._length.copy(),
-                        "pending": self._pending.astype(np.uint8)}
+                        "pending": self._pending.astype(np.uint8),
+                        "shared": self._numpy.shared.copy()}
         return {"task": self.name, "num_envs": self.num_envs, "autoreset": self.autoreset,
                 "timestep": float(self.model.opt.timestep),
                 "pool": self.pool.get_state(), "episodes": episodes,
@@ -420,9 +429,12 @@ class TaskVectorEnv:
         if not isinstance(episodes, Mapping):
             raise ValueError("state['episodes']: expected a mapping of per-env arrays")
         n = self.num_envs
+        shared = self.shared
         want = {"rng": ((n,), np.uint64), "memory": ((n * self.spec.memory_size,), np.float64),
                 "returns": ((n,), np.float64), "lengths": ((n,), np.int32),
-                "pending": ((n,), np.uint8)}
+                "pending": ((n,), np.uint8), "shared": ((shared.size,), np.float64)}
+        if "shared" not in episodes and shared.size == 0:  # saved before tasks shared state
+            episodes = {**episodes, "shared": np.zeros(0)}
         clean = {}
         for key, (shape, dtype) in want.items():
             arr = np.asarray(episodes.get(key))
@@ -446,7 +458,17 @@ class TaskVectorEnv:
             self._return[:] = clean["returns"]
             self._length[:] = clean["lengths"]
             self._pending[:] = clean["pending"].astype(bool)
+            self._numpy.shared[:] = clean["shared"]
         self._np_rng = generator
+
+    @property
+    def shared(self) -> np.ndarray:
+        """A copy of the task's state shared by all envs (g1-motion-tracking: the failure
+        average and the sampling distribution over its start bins; empty for most tasks)."""
+        self._check_open()
+        if self._core is not None:
+            return self._core.shared()
+        return self._numpy.shared.copy()
 
     @property
     def closed(self) -> bool:
@@ -599,7 +621,7 @@ class TaskVectorEnv:
         status_before = self.pool.status[active].copy()
         ctrl_before = self.pool.ctrl[active]  # a copy: fancy indexing
         task.act(self.pool, active, actions[active], self._memory)
-        self.pool.step(active.astype(np.int32), nstep=spec.frame_skip, stage="none",
+        self.pool.step(active.astype(np.int32), nstep=spec.frame_skip, stage=task.stage,
                        max_speed=spec.max_speed)
         raised = self.pool.status[active] != status_before
         if raised.any():

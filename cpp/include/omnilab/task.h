@@ -91,17 +91,36 @@ class Task {
                         Transition* out) const = 0;
   // Episode-start values of the first spec().reset_info_size info entries (positions ...).
   virtual void StartInfo(const mjModel* /*m*/, const mjData* /*d*/, mjtNum* /*info*/) const {}
+  // The same with the env's memory at hand (the tracking task's reference frame); by default
+  // StartInfo's values.
+  virtual void StartInfoWithMemory(const mjModel* m, const mjData* d, const mjtNum* /*memory*/,
+                                   mjtNum* info) const {
+    StartInfo(m, d, info);
+  }
   // Observation (and critic observation if spec().critic_size) at the current state.
   virtual void Observe(const mjModel* m, const mjData* d, const mjtNum* memory, mjtNum* obs,
                        mjtNum* critic) const = 0;
+  // Between steps, in the calling thread, after every env stepped: fold what the envs left in
+  // their memory rows (num_envs rows of spec().memory_size) into shared(). The tracking task's
+  // failure statistics per start bin live there: the const methods above read them inside the
+  // step, so a step's result never depends on the order the workers ran in.
+  virtual void Update(mjtNum* /*memory*/, int /*num_envs*/) {}
+  // Task-level state shared by every env (empty for most tasks): part of a checkpoint.
+  std::vector<mjtNum>& shared() { return shared_; }
+  const std::vector<mjtNum>& shared() const { return shared_; }
 
  protected:
   TaskSpec spec_;
+  std::vector<mjtNum> shared_;
 };
 
-// Factory: the task's model (for ids and sizes) and named float parameters overriding defaults.
+// Factory: the task's model (for ids and sizes), named float parameters overriding defaults, and
+// named arrays of data that are not parameters (a tracking task's reference motion), flattened;
+// Python validates and lays them out (lightning_unilab/envs/tasks/), the task checks their sizes.
 using TaskParams = std::map<std::string, double>;
-using TaskFactory = std::function<std::unique_ptr<Task>(const mjModel*, const TaskParams&)>;
+using TaskArrays = std::map<std::string, std::vector<double>>;
+using TaskFactory =
+    std::function<std::unique_ptr<Task>(const mjModel*, const TaskParams&, const TaskArrays&)>;
 
 // Registered task names, sorted.
 std::vector<std::string> TaskNames();
@@ -113,7 +132,9 @@ void RegisterTask(const std::string& name, TaskFactory factory, TaskParams defau
 TaskParams TaskDefaults(const std::string& name);
 // Builds a task; throws std::invalid_argument listing the known names for an unknown one, and for
 // parameters the task does not have.
-std::unique_ptr<Task> MakeTask(const std::string& name, const mjModel* m, const TaskParams& params);
+// Arrays are refused for a task that reads none.
+std::unique_ptr<Task> MakeTask(const std::string& name, const mjModel* m, const TaskParams& params,
+                               const TaskArrays& arrays = {});
 
 // Reads params[key] if present (and marks it used), else fallback; used by factories.
 class ParamReader {
@@ -127,5 +148,13 @@ class ParamReader {
   const TaskParams& params_;
   std::vector<std::string> used_;
 };
+
+// Throws std::invalid_argument when a task that reads no arrays is given some.
+void RefuseArrays(const std::string& task, const TaskArrays& arrays);
+
+// The array arrays[key], which must hold a multiple of `row` values (at least one row), else
+// std::invalid_argument naming the task and the key.
+const std::vector<double>& RequireArray(const std::string& task, const TaskArrays& arrays,
+                                        const std::string& key, size_t row = 1);
 
 }  // namespace omnilab

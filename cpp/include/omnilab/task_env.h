@@ -41,6 +41,7 @@ struct EpisodeState {
   std::vector<mjtNum> returns;     // of the running episodes
   std::vector<std::int32_t> lengths;
   std::vector<std::uint8_t> pending;  // next-step mode: restarts at the next step
+  std::vector<mjtNum> shared;         // the task's shared state (Task::shared)
 };
 
 enum class Autoreset {

@@ -199,7 +199,11 @@ class G1WalkFlat : public Task {
                         "reward_action_rate",      "reward_feet_air_time",    "reward_feet_slip",
                         "reward_termination",      "reward_alive",            "reward_feet_phase",
                         "reward_pose",             "reward_joint_deviation_hip",
-                        "reward_joint_deviation_knee", "reward_floor"};
+                        "reward_joint_deviation_knee", "reward_floor",
+                        // the evaluation's series: the pelvis's local velocity (sensor) and
+                        // yaw rate (gyro) against the command, and the base height
+                        "vx", "vy", "yaw_rate", "vx_command", "vy_command", "yaw_rate_command",
+                        "base_height"};
 
     push_low_ = Param(p, "push_low");
     push_high_ = Param(p, "push_high");
@@ -416,6 +420,8 @@ class G1WalkFlat : public Task {
       constexpr int kTerms = sizeof(terms) / sizeof(terms[0]);
       for (int k = 0; k < kTerms; ++k) info[k] = dt_ * terms[k];
       info[kTerms] = lifted - dt_ * floored;  // what the floor added: shares sum to reward
+      const mjtNum series[] = {v[0], v[1], gyro[2], cmd[0], cmd[1], cmd[2], d->qpos[2]};
+      for (int k = 0; k < 7; ++k) info[kTerms + 1 + k] = series[k];
     }
     for (int i = 0; i < kJoints; ++i) memory[kLastAction + i] = action[i];
     memory[kStep] += 1;
@@ -530,7 +536,8 @@ class G1WalkFlat : public Task {
 void RegisterG1Tasks() {
   RegisterTask(
       "g1-walk-flat",
-      [](const mjModel* m, const TaskParams& params) {
+      [](const mjModel* m, const TaskParams& params, const TaskArrays& arrays) {
+        RefuseArrays("g1-walk-flat", arrays);
         ParamReader reader(params);
         auto task = std::make_unique<G1WalkFlat>(m, reader);
         reader.CheckAllUsed("g1-walk-flat");

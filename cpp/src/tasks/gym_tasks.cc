@@ -402,7 +402,9 @@ class InvertedPendulum : public GymTask {
 
 template <typename T, typename... Extra>
 TaskFactory Factory(const std::string& name, Extra... extra) {
-  return [name, extra...](const mjModel* m, const TaskParams& params) -> std::unique_ptr<Task> {
+  return [name, extra...](const mjModel* m, const TaskParams& params,
+                          const TaskArrays& arrays) -> std::unique_ptr<Task> {
+    RefuseArrays(name, arrays);
     ParamReader reader(params);
     auto task = std::make_unique<T>(m, reader, extra...);
     reader.CheckAllUsed(name);

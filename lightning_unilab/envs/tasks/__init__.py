@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import mujoco
+import numpy as np
 
 from lightning_unilab import _core
 from lightning_unilab.envs.assets import g1_flat_scene
@@ -91,6 +92,23 @@ class TaskInfo:
     xml: Callable[[], Path]
     numpy_task: Callable[[], NumpyTask] | None = None
     model_params: Mapping[str, ModelParam] = field(default_factory=dict)
+    # the C++ task's arrays from the env's task_data (g1-motion-tracking's clip library):
+    # (model, params, task_data) -> {name: array}; None: the task reads none
+    arrays: Callable[[mujoco.MjModel, Mapping[str, float], Mapping[str, Any]],
+                     dict[str, np.ndarray]] | None = None
+
+    def task_arrays(self, model: mujoco.MjModel, params: Mapping[str, float],
+                    task_data: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
+        """The arrays the C++ task reads, flattened; task_data refused for a task without."""
+        if self.arrays is None:
+            if task_data:
+                raise ValueError(f"task_data: task {self.name!r} takes none, got "
+                                 f"{sorted(task_data)}")
+            return {}
+        if task_data is not None and not isinstance(task_data, Mapping):
+            raise TypeError(f"task_data: expected a mapping, got {type(task_data).__name__}")
+        arrays = self.arrays(model, params, dict(task_data or {}))
+        return {k: np.ascontiguousarray(v, np.float64).ravel() for k, v in arrays.items()}
 
     def load_model(self, params: Mapping[str, float] | None = None) -> mujoco.MjModel:
         """The task's model with its model-level parameters applied (params over the defaults;
@@ -122,6 +140,19 @@ def compile_without_settotalmass(path: Path) -> mujoco.MjModel:
     return model
 
 
+def _g1_tracking_numpy() -> NumpyTask:
+    from lightning_unilab.envs.tasks.g1_tracking import G1MotionTracking
+
+    return G1MotionTracking()
+
+
+def _g1_tracking_arrays(model: mujoco.MjModel, params: Mapping[str, float],
+                        task_data: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    from lightning_unilab.envs.tasks.g1_tracking import library_arrays
+
+    return library_arrays(model, params, task_data)
+
+
 def _g1_numpy() -> NumpyTask:
     from lightning_unilab.envs.tasks.g1_walk import G1WalkFlat
 
@@ -138,6 +169,9 @@ _TASKS: dict[str, TaskInfo] = {
                                     lambda: gym_xml("inverted_pendulum.xml")),
     "g1-walk-flat": TaskInfo("g1-walk-flat", g1_xml, _g1_numpy,
                              model_params={"timestep": TIMESTEP, "eulerdamp": EULERDAMP}),
+    "g1-motion-tracking": TaskInfo("g1-motion-tracking", g1_xml, _g1_tracking_numpy,
+                                   model_params={"timestep": TIMESTEP, "eulerdamp": EULERDAMP},
+                                   arrays=_g1_tracking_arrays),
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import mujoco
 import numpy as np
@@ -21,6 +21,7 @@ from lightning_unilab.envs.tasks.rng import EnvRng
 
 if TYPE_CHECKING:
     from lightning_unilab.envs.pool import BatchEnvPool
+    from lightning_unilab.envs.tasks.evaluation import TaskEvaluation
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,13 @@ class NumpyTask(ABC):
 
     name: str = "numpy-task"
     outputs: dict[str, Any] = {}
+    # the forward stages the pool computes at the state after the substeps, which ``outputs``
+    # then describe ("vel": positions and velocities of the final state); "none": those of the
+    # last substep's own forward pass, as the C++ tasks read them (free)
+    stage: str = "none"
+    # task-level state shared by all envs (C++'s Task::shared): set in the constructor by a task
+    # that keeps some, changed by :meth:`update` only, saved with the env's state
+    shared: np.ndarray = np.zeros(0)
 
     @abstractmethod
     def model(self) -> mujoco.MjModel:
@@ -116,3 +124,10 @@ class NumpyTask(ABC):
     def observe(self, pool: BatchEnvPool, ids: np.ndarray, memory: np.ndarray,
                 obs: np.ndarray, critic: np.ndarray | None) -> None:
         """Write observation rows of ids into obs (and critic)."""
+
+    def update(self, memory: np.ndarray) -> None:  # noqa: B027
+        """After every step of all envs: fold what they left in memory into :attr:`shared`."""
+
+    # the evaluator's hooks (lightning_unilab.envs.tasks.evaluation): what the evaluation switches
+    # off, records, reports and plots; None: the generic ones
+    evaluation: ClassVar[TaskEvaluation | None] = None
