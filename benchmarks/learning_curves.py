@@ -354,7 +354,8 @@ def evaluate_run(policy: Any, task: str, recipe: dict[str, Any], out_dir: Path,
     kwargs = _instantiate(dict(d.get("task_kwargs") or {}))
     if ev.get("randomize") and d.get("randomization") is not None:
         kwargs["randomization"] = _instantiate(d["randomization"])
-    kwargs = evaluation_task_kwargs(kwargs, bool(ev.get("randomize")), ev.get("task_params"))
+    kwargs = evaluation_task_kwargs(kwargs, bool(ev.get("randomize")), ev.get("task_params"),
+                                    task=_recipe_task(task, recipe))
     seed = int(ev.get("seed", 0))
     summary = evaluate_policy(policy, _recipe_task(task, recipe), out_dir, kwargs, seed=seed,
                               max_steps=ev.get("max_steps"), video=False)

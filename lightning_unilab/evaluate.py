@@ -26,8 +26,12 @@ checkpoint: the task, its ``task_kwargs`` and the recipe's evaluation settings (
 from the class path and init args the checkpoint keeps (its module must be importable here:
 installed, or its directory on PYTHONPATH); ``task_params`` go over its init args.
 
-The plot shows the task's named terms: those named ``reward_*`` in the reward-terms panel, and a
-term ``X`` with a term ``X_command`` beside it (a user task's commands) against its command.
+The task owns what is recorded, reported and plotted: its :class:`~lightning_unilab.envs.tasks.
+evaluation.TaskEvaluation` (``TaskInfo.evaluation``, ``NumpyTask.evaluation``) gives the
+parameters the evaluation switches off, the per-step series (from the task's named info terms),
+the ``tracking`` metrics and the plot's panels. Without one: the base height from the states,
+the terms named ``reward_*`` in the reward-terms panel, and a term ``X`` with a term
+``X_command`` beside it (a user task's commands) against its command.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import torch
 from lightning_omnilab import safe_load
 from lightning_omnilab.validate import positive_int
 from lightning_unilab.envs.randomization import build_randomization
+from lightning_unilab.envs.tasks.evaluation import VELOCITY_METRICS, TaskEvaluation, evaluation_of
 from lightning_unilab.envs.tasks.ref import TaskBuildError, task_label
 
 __all__ = ["CheckpointEvaluation", "Episode", "EvaluationRollout", "TaskMismatchError",
@@ -58,10 +63,6 @@ __all__ = ["CheckpointEvaluation", "Episode", "EvaluationRollout", "TaskMismatch
            "render_episode", "run_episode"]
 
 _BACKENDS = ("egl", "osmesa")
-
-# g1-walk-flat layout (docs/unilab/tasks.md): actor obs, then the critic's extra fields, the
-# local linear velocity and the base height first (at the actor obs's size, 98 or 101)
-_G1_GYRO, _G1_GRAVITY, _G1_COMMAND = slice(0, 3), slice(3, 6), slice(93, 96)
 
 
 class TaskMismatchError(ValueError):
@@ -80,6 +81,9 @@ class Episode:
     terminated: bool = False
     dt: float = 0.0
     task_ref: dict[str, Any] | None = None  # a task class's {class_path, init_args} (renderer)
+    # the task's hooks: series, metrics, plot panels (not written to episode.json)
+    evaluation: TaskEvaluation = field(default_factory=TaskEvaluation, repr=False,
+                                       compare=False)
 
     @property
     def length(self) -> int:
@@ -90,32 +94,10 @@ class Episode:
         return float(self.rewards.sum())
 
     def tracking(self) -> dict[str, Any] | None:
-        """Mean velocity-tracking errors against the command (locomotion tasks), and how many
-        times the command changed during the episode, the errors under each command (which
-        commands a policy follows and which not), and the errors of standing still (the
-        reference a policy has to beat): from the G1's series, or from a task's own terms of
-        those names (a user's task reporting vx, vx_command ... in its info)."""
-        s = {**self.terms, **self.series}
-        if not {"vx", "vy", "yaw_rate", "vx_command", "vy_command", "yaw_rate_command"} <= set(s):
-            return None
-        lin = np.hypot(s["vx"] - s["vx_command"], s["vy"] - s["vy_command"])
-        yaw = np.abs(s["yaw_rate"] - s["yaw_rate_command"])
-        cmd = np.stack([s["vx_command"], s["vy_command"], s["yaw_rate_command"]], 1)
-        changed = np.any(np.diff(cmd, axis=0) != 0, axis=1)
-        starts = [0, *(np.flatnonzero(changed) + 1).tolist()]
-        per_command = [
-            {"start_s": a * self.dt, "steps": b - a, "command": cmd[a].tolist(),
-             "lin_vel_error_mps": float(lin[a:b].mean()),
-             "yaw_rate_error_radps": float(yaw[a:b].mean())}
-            for a, b in zip(starts, [*starts[1:], len(cmd)], strict=True)]
-        # a robot that never moves scores the commands' own sizes: the errors' reference
-        still_lin = np.hypot(s["vx_command"], s["vy_command"])
-        still_yaw = np.abs(s["yaw_rate_command"])
-        return {"lin_vel_error_mps": float(lin.mean()), "yaw_rate_error_radps": float(yaw.mean()),
-                "command_changes": len(starts) - 1,
-                "standing_lin_vel_error_mps": float(still_lin.mean()),
-                "standing_yaw_rate_error_radps": float(still_yaw.mean()),
-                "per_command": per_command}
+        """The task's evaluation metrics (``episode.json``'s ``tracking``; its
+        ``TaskEvaluation.metrics``): for velocity tracking the mean errors against the command,
+        the command changes, the errors under each command and those of standing still."""
+        return self.evaluation.metrics(self)
 
     def summary(self) -> dict[str, Any]:
         return {"task": self.task, "return": self.ret, "length": self.length,
@@ -123,19 +105,6 @@ class Episode:
                 "tracking": self.tracking(), "rewards": self.rewards.tolist(),
                 "terms": {k: v.tolist() for k, v in self.terms.items()},
                 "series": {k: v.tolist() for k, v in self.series.items()}}
-
-
-def _root_height(model: Any, states: np.ndarray) -> np.ndarray:
-    """World z of body 1 (the root of gymnasium's and the G1 models) for each state row."""
-    import mujoco
-
-    data = mujoco.MjData(model)
-    out = np.empty(len(states))
-    for i, row in enumerate(states):
-        mujoco.mj_setState(model, data, row, mujoco.mjtState.mjSTATE_INTEGRATION)
-        mujoco.mj_kinematics(model, data)
-        out[i] = data.xpos[1 if model.nbody > 1 else 0, 2]
-    return out
 
 
 def run_episode(policy: torch.nn.Module, task: Any, task_kwargs: Mapping[str, Any] | None = None,
@@ -153,16 +122,26 @@ def run_episode(policy: torch.nn.Module, task: Any, task_kwargs: Mapping[str, An
 
     max_steps = positive_int("max_steps", max_steps, none_ok=True)
     kwargs = dict(task_kwargs or {})
+    evaluation = evaluation_of(task)
     env = TaskVectorEnv(task, 1, 1, seed=seed, **kwargs)
     try:
         spec = env.spec
         _check_sizes(policy, task_label(task), spec.obs_size, spec.action_size)
+        missing = [n for n in evaluation.info_names if n not in spec.info_names]
+        if missing:
+            raise ValueError(f"task {task_label(task)!r}: its evaluation reads the info terms "
+                             f"{missing}, which the task does not report (spec.info_names: "
+                             f"{list(spec.info_names)}); a C++ task built before it reported "
+                             "them needs the extension rebuilt")
         limit = spec.max_episode_steps if spec.max_episode_steps > 0 else 1000
         steps = limit if max_steps is None else min(max_steps, limit)
         policy = copy.deepcopy(policy).cpu().float().eval()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # sampled actions, if any, repeat for a seed
-            return _play(env, policy, seed, steps, deterministic)
+            episode = _play(env, policy, seed, steps, deterministic)
+        episode.evaluation = evaluation
+        episode.series = evaluation.series(episode, env.model)
+        return episode
     finally:
         env.close()
 
@@ -170,11 +149,9 @@ def run_episode(policy: torch.nn.Module, task: Any, task_kwargs: Mapping[str, An
 def _play(env: Any, policy: torch.nn.Module, seed: int, steps: int,
           deterministic: bool) -> Episode:
     spec = env.spec
-    obs, info = env.reset(seed=seed)
-    critic = info.get("critic_obs")
+    obs, _ = env.reset(seed=seed)
     states = [env.pool.state[0].copy()]
     rewards, terms = [], {name: [] for name in spec.info_names}
-    obs_rows, critic_rows = [obs[0].copy()], [None if critic is None else critic[0].copy()]
     terminated = False
     for _ in range(steps):
         with torch.no_grad():
@@ -185,25 +162,15 @@ def _play(env: Any, policy: torch.nn.Module, seed: int, steps: int,
         for name in spec.info_names:
             terms[name].append(float(info[name][0]))
         done = bool(term[0] or trunc[0])
-        # same-step auto-reset: the ending step's own observation is final_obs
-        obs_rows.append((info["final_obs"] if done else obs)[0].copy())
-        if "critic_obs" in info:
-            src = info["final_critic_obs"] if done else info["critic_obs"]
-            critic_rows.append(src[0].copy())
         if done:
             terminated = bool(term[0])
             break
         states.append(env.pool.state[0].copy())
     dt = float(env.model.opt.timestep) * spec.frame_skip
-    states_arr = np.stack(states)
-    episode = Episode(task=env.name, rewards=np.asarray(rewards),
-                      terms={k: np.asarray(v) for k, v in terms.items()},
-                      states=states_arr, terminated=terminated, dt=dt,
-                      task_ref=env.task_ref.config() if env.task_ref else None)
-    episode.series = _series(env, np.stack(obs_rows),
-                             None if critic_rows[0] is None else np.stack(critic_rows),
-                             states_arr)
-    return episode
+    return Episode(task=env.name, rewards=np.asarray(rewards),
+                   terms={k: np.asarray(v) for k, v in terms.items()},
+                   states=np.stack(states), terminated=terminated, dt=dt,
+                   task_ref=env.task_ref.config() if env.task_ref else None)
 
 
 def _check_sizes(policy: torch.nn.Module, task: str, obs_size: int, action_size: int) -> None:
@@ -216,70 +183,40 @@ def _check_sizes(policy: torch.nn.Module, task: str, obs_size: int, action_size:
             "the task it was trained on")
 
 
-# g1-walk-flat's training-only parameters and their values in the evaluation: no pushes, every
-# command component as drawn (the issue's evaluation; a command mix would make it easier)
-TRAINING_ONLY_PARAMS = {"push_low": 0.0, "push_high": 0.0, "command_keep_vx": 1.0,
-                        "command_keep_vy": 1.0, "command_keep_yaw": 1.0}
-
-
 def evaluation_task_kwargs(task_kwargs: Mapping[str, Any] | None, randomize: bool,
-                           task_params: Mapping[str, float] | None) -> dict[str, Any]:
+                           task_params: Mapping[str, float] | None,
+                           task: Any = None) -> dict[str, Any]:
     """The training env's keywords for the evaluation env: randomization dropped and the
-    training-only parameters given (:data:`TRAINING_ONLY_PARAMS`: pushes off, the command mix
-    off) set to their evaluation values unless ``randomize``; ``task_params`` over the training
-    ``params``."""
+    task's training-only parameters (its ``TaskEvaluation.evaluation_params``, e.g. pushes and a
+    command mix off) set to their evaluation values unless ``randomize``; ``task_params`` over
+    the training ``params``. ``task`` (any form :func:`run_episode` takes) names whose
+    training-only parameters these are; None: no task's."""
     kwargs = dict(task_kwargs or {})
     if not randomize:
         kwargs.pop("randomization", None)
         params = dict(kwargs.get("params") or {})
-        if set(params) & set(TRAINING_ONLY_PARAMS):
-            kwargs["params"] = {**params, **{k: v for k, v in TRAINING_ONLY_PARAMS.items()
-                                             if k in params}}
+        if task is not None and params:
+            evaluated = evaluation_of(task).evaluation_params(params)
+            if evaluated != params:
+                kwargs["params"] = evaluated
     if task_params:
         kwargs["params"] = {**dict(kwargs.get("params") or {}), **task_params}
     return kwargs
 
 
-def _series(env: Any, obs: np.ndarray, critic: np.ndarray | None,
-            states: np.ndarray) -> dict[str, np.ndarray]:
-    """Task-level series for the plot: base height, velocity against command, tracking terms."""
-    out: dict[str, np.ndarray] = {}
-    if env.name == "g1-walk-flat" and critic is not None:
-        obs, critic = obs[1:], critic[1:]  # after each step, aligned with the rewards
-        actor = obs.shape[1]
-        cmd, vel, gyro = obs[:, _G1_COMMAND], critic[:, actor:actor + 3], obs[:, _G1_GYRO]
-        out["base_height"] = critic[:, actor + 3]
-        out["vx"], out["vx_command"] = vel[:, 0], cmd[:, 0]
-        out["vy"], out["vy_command"] = vel[:, 1], cmd[:, 1]
-        out["yaw_rate"], out["yaw_rate_command"] = gyro[:, 2], cmd[:, 2]
-        # the task's tracking and orientation terms, recomputed from the observations
-        out["term_tracking_lin_vel"] = np.exp(-((cmd[:, :2] - vel[:, :2]) ** 2).sum(1) / 0.25)
-        out["term_tracking_ang_vel"] = np.exp(-((cmd[:, 2] - gyro[:, 2]) ** 2) / 0.25)
-        out["term_orientation"] = (obs[:, _G1_GRAVITY][:, :2] ** 2).sum(1)
-    else:
-        out["base_height"] = _root_height(env.model, states)
-    return out
-
-
 def plot_episode(episode: Episode, path: str | os.PathLike) -> Path:
-    """Reward and return, named reward terms, base height and velocity against command."""
+    """Reward and return, then the task's panels (``TaskEvaluation.panels``: base height,
+    velocity against command, named reward terms ...)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t = np.arange(1, episode.length + 1) * episode.dt
-    s = episode.series
-    named = {k[5:]: v for k, v in s.items() if k.startswith("term_")}
-    named.update({k: v for k, v in episode.terms.items() if k.startswith("reward_")})
-    velocity = [(k, s[k], s.get(f"{k}_command")) for k in ("vx", "vy", "yaw_rate") if k in s]
-    commanded = [(k, v, episode.terms[f"{k}_command"]) for k, v in episode.terms.items()
-                 if f"{k}_command" in episode.terms]  # a task's own commands: X beside X_command
-    velocity = velocity or commanded
-    if not velocity and "x_velocity" in episode.terms:
-        velocity = [("x_velocity", episode.terms["x_velocity"], None)]
-    panels = 2 + bool(velocity) + bool(named)
-    fig, axes = plt.subplots(panels, 1, figsize=(8, 2.2 * panels), sharex=True)
+    panels = episode.evaluation.panels(episode)
+    fig, axes = plt.subplots(1 + len(panels), 1, figsize=(8, 2.2 * (1 + len(panels))),
+                             sharex=True)
+    axes = np.atleast_1d(axes)
     ax = axes[0]
     ax.plot(t, episode.rewards, label="reward / step")
     ax2 = ax.twinx()
@@ -288,34 +225,18 @@ def plot_episode(episode: Episode, path: str | os.PathLike) -> Path:
     ax2.set_ylabel("return so far (black)")
     ax.set_title(f"{episode.task}: return {episode.ret:.1f} over {episode.length} steps "
                  f"({episode.length * episode.dt:.1f} s){', fell' if episode.terminated else ''}")
-    ax = axes[1]
-    height = s.get("base_height", np.full(episode.length, np.nan))
-    height = height[-episode.length:]
-    ax.plot(t[:len(height)], height)
-    ax.set_ylabel("base height (m)")
-    k = 2
-    if velocity:
-        ax = axes[k]
-        k += 1
-        for i, (key, values, command) in enumerate(velocity):
-            ax.plot(t, values, color=f"C{i}", label=key)
+    for ax, panel in zip(axes[1:], panels, strict=True):
+        for i, (key, values) in enumerate(panel.lines.items()):
+            ax.plot(t[:len(values)], values, color=f"C{i}", label=key)
+            command = panel.commands.get(key)
             if command is not None:
-                ax.plot(t, command, color=f"C{i}", ls="--", label=f"{key} command")
-        ax.set_ylabel("against command" if velocity is commanded else "velocity")
-        ax.legend(fontsize=7, ncol=3, loc="upper right")
-        tracking = episode.tracking()
-        if tracking is not None:
-            ax.set_title(f"mean tracking error: linear {tracking['lin_vel_error_mps']:.2f} m/s, "
-                         f"yaw {tracking['yaw_rate_error_radps']:.2f} rad/s (standing still: "
-                         f"{tracking['standing_lin_vel_error_mps']:.2f}, "
-                         f"{tracking['standing_yaw_rate_error_radps']:.2f}); "
-                         f"{tracking['command_changes']} command changes", fontsize=8)
-    if named:
-        ax = axes[k]
-        for key, values in named.items():
-            ax.plot(t, values, label=key)
-        ax.set_ylabel("reward terms")
-        ax.legend(fontsize=7, ncol=3, loc="upper right")
+                ax.plot(t[:len(command)], command, color=f"C{i}", ls="--",
+                        label=f"{key} command")
+        ax.set_ylabel(panel.ylabel)
+        if panel.legend:
+            ax.legend(fontsize=7, ncol=3, loc="upper right")
+        if panel.title:
+            ax.set_title(panel.title, fontsize=8)
     axes[-1].set_xlabel("time (s)")
     fig.tight_layout()
     out = Path(path)
@@ -345,8 +266,8 @@ def render_episode(episode: Episode, path: str | os.PathLike, max_frames: int = 
     success or the reason it could not render (no OpenGL backend, or one too slow).
 
     ``timeout`` bounds each backend's try; by default 120 s plus 10 s a frame, because Mesa's
-    software renderer draws a G1 frame in 1-3 s on a busy CPU, and a fixed bound reported a
-    working backend as missing."""
+    software renderer draws a humanoid's frame in 1-3 s on a busy CPU, and a fixed bound
+    reported a working backend as missing."""
     if episode.states is None or len(episode.states) == 0:
         return "no states recorded"
     stride = max(1, -(-len(episode.states) // max_frames))
@@ -431,11 +352,13 @@ def evaluate_seeds(policy: torch.nn.Module, task: Any, out_dir: str | os.PathLik
         "terminated": sum(r["terminated"] for r in rows),
         "return_median": float(np.median([r["return"] for r in rows])),
         "length_median": float(np.median([r["length"] for r in rows]))}
-    if all(r["tracking"] for r in rows):
-        for key in ("lin_vel_error_mps", "yaw_rate_error_radps", "standing_lin_vel_error_mps",
-                    "standing_yaw_rate_error_radps"):
-            errors = [r["tracking"][key] for r in rows]
-            summary[key] = {"median": float(np.median(errors)), "max": float(np.max(errors))}
+    if all(r["tracking"] for r in rows):  # each float metric of the task's, spread over seeds
+        for key, value in rows[0]["tracking"].items():
+            if isinstance(value, float) and all(isinstance(r["tracking"].get(key), float)
+                                                for r in rows):
+                errors = [r["tracking"][key] for r in rows]
+                summary[key] = {"median": float(np.median(errors)),
+                                "max": float(np.max(errors))}
     summary["rows"] = rows
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -459,10 +382,11 @@ class EvaluationRollout(pl.Callback):
         seed: start-state seed of the evaluation env.
         video: try to write the GIF (needs an OpenGL backend; the plot is always written).
         max_frames, size: GIF frames (every k-th step) and (width, height).
-        randomize: keep the data module's domain randomization, pushes and command mix
-            (g1-walk-flat's ``push_high``, ``command_keep_*``) in the evaluation env.
+        randomize: keep the data module's domain randomization and the task's training-only
+            parameters (its ``TaskEvaluation.training_only``: pushes, a command mix) in the
+            evaluation env.
         task_params: task parameters for the evaluation env only, over the training ones, e.g.
-            ``{resample_steps: 250}`` for a new g1-walk-flat command every 5 s.
+            ``{resample_steps: 250}`` for a new command every 5 s.
     """
 
     def __init__(self, out_dir: str | None = None, max_steps: int | None = None, seed: int = 0,
@@ -498,7 +422,8 @@ class EvaluationRollout(pl.Callback):
         if config is None or policy is None:
             raise RuntimeError("EvaluationRollout: needs a RolloutDataModule (its task) and a "
                                "module with a `policy` (an ActorCritic)")
-        kwargs = evaluation_task_kwargs(config.task_kwargs, self.randomize, self.task_params)
+        kwargs = evaluation_task_kwargs(config.task_kwargs, self.randomize, self.task_params,
+                                        task=config.task)
         out = Path(self.out_dir) if self.out_dir else Path(log_dir or
                                                            trainer.default_root_dir) / "evaluation"
         self.summary = evaluate_policy(policy, config.task, out, kwargs, self.seed,
@@ -506,7 +431,8 @@ class EvaluationRollout(pl.Callback):
         msg = (f"evaluation: return {self.summary['return']:.1f} over {self.summary['length']} "
                f"steps; plot {self.summary['plot']}")
         tracking = self.summary.get("tracking")
-        if tracking:
+        velocity = bool(tracking) and VELOCITY_METRICS <= set(tracking)
+        if velocity:
             msg += (f"; tracking error {tracking['lin_vel_error_mps']:.2f} m/s, "
                     f"{tracking['yaw_rate_error_radps']:.2f} rad/s over "
                     f"{tracking['command_changes']} command changes (standing still: "
@@ -516,7 +442,7 @@ class EvaluationRollout(pl.Callback):
             msg += f", video {self.summary['video']}"
         metrics = {"eval/return": self.summary["return"],
                    "eval/episode_length": float(self.summary["length"])}
-        if tracking:
+        if velocity:
             metrics["eval/lin_vel_error"] = tracking["lin_vel_error_mps"]
             metrics["eval/yaw_rate_error"] = tracking["yaw_rate_error_radps"]
         step = _last_logged_step(trainer)
@@ -560,11 +486,13 @@ def checkpoint_evaluation(checkpoint: Mapping[str, Any], task: str | None = None
     if data.get("randomization") is not None:
         kwargs["randomization"] = data["randomization"]
     task_params = {**(settings.get("task_params") or {}), **(params or {})}
-    kwargs = evaluation_task_kwargs(kwargs, bool(settings.get("randomize", False)), task_params)
+    chosen = saved if saved is not None else task
+    kwargs = evaluation_task_kwargs(kwargs, bool(settings.get("randomize", False)), task_params,
+                                    task=chosen)
     if "randomization" in kwargs:  # a user's randomization is kept as {class_path, init_args}
         kwargs["randomization"] = build_randomization(kwargs["randomization"])
     return CheckpointEvaluation(
-        task=saved if saved is not None else task, task_kwargs=kwargs,
+        task=chosen, task_kwargs=kwargs,
         max_steps=max_steps if max_steps is not None else settings.get("max_steps"),
         seed=seed if seed is not None else int(settings.get("seed", 0)))
 

@@ -1,10 +1,11 @@
 """Reset-time domain randomization as objects a YAML recipe can name and a process can receive.
 
 ``TaskVectorEnv(randomization=fn)`` takes a function; the collector process receives its env's
-keywords by pickling, and ``lightning_unilab.envs.tasks.g1_walk.randomization()`` returns a closure,
-which pickles neither into a spawned process nor out of a YAML file. :class:`G1Randomization`
-holds only the ranges and builds that function on first use in the process that steps the env.
-A recipe names any :class:`Randomization` subclass under the data module's ``randomization``:
+keywords by pickling, and a recipe names its randomization in YAML, so a randomization is an
+object holding plain data only (a closure pickles neither into a spawned process nor out of a
+YAML file). :class:`G1Randomization` holds the ranges and reads what it needs of the G1 model on
+first use, in the process that steps the env. A recipe names any :class:`Randomization` subclass
+under the data module's ``randomization``:
 
     data:
       task: g1-walk-flat
@@ -18,7 +19,7 @@ from __future__ import annotations
 import abc
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,10 +74,14 @@ class Randomization(abc.ABC):
 
 
 class G1Randomization(Randomization):
-    """Per-env, per-episode friction, link-mass scale and kp (kd) scale of the G1.
+    """Per-env, per-episode floor/foot friction, link-mass scale and kp (kd) scale of the G1.
 
-    Args: ``[low, high]`` uniform ranges, or None to leave a field alone; see
-    ``lightning_unilab.envs.tasks.g1_walk.randomization`` for what each draws.
+    Args: ``[low, high]`` uniform ranges, or None to leave a field alone. Values are drawn per
+    env and per episode and applied through BatchEnvPool.reset; kd scales the position
+    actuators' own damping (zero in this G1, whose damping is in dof_damping). The scene's feet
+    touch the floor only through explicit contact pairs, whose friction MuJoCo takes from
+    ``pair_friction`` and not from the geoms: the friction draw sets both sliding coefficients
+    of every pair with the floor, and the geoms' sliding friction for any other contact.
     """
 
     def __init__(self, friction: Range = (0.4, 1.0), mass_scale: Range = (0.9, 1.1),
@@ -85,17 +90,54 @@ class G1Randomization(Randomization):
                        "mass_scale": _range("mass_scale", mass_scale),
                        "kp_scale": _range("kp_scale", kp_scale),
                        "kd_scale": _range("kd_scale", kd_scale)}
-        self._draw: Callable[..., dict[str, np.ndarray]] | None = None
+        self._model: dict[str, Any] | None = None
+
+    def _model_fields(self) -> dict[str, Any]:
+        """What the draws scale, read once from the G1 model (per process: not pickled)."""
+        if self._model is None:
+            import mujoco
+
+            from lightning_unilab.envs.tasks.g1_walk import G1WalkFlat
+
+            m = G1WalkFlat().model()
+            floor = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, "floor")
+            self._model = {
+                "geom_friction": m.geom_friction.copy(), "pair_friction": m.pair_friction.copy(),
+                "floor_pairs": np.flatnonzero((m.pair_geom1 == floor) | (m.pair_geom2 == floor)),
+                "body_mass": m.body_mass.copy(), "kp": m.actuator_gainprm[:, 0].copy(),
+                "kd": -m.actuator_biasprm[:, 2].copy()}
+        return self._model
 
     def __call__(self, rng: np.random.Generator, ids: np.ndarray) -> dict[str, np.ndarray]:
-        if self._draw is None:
-            from lightning_unilab.envs.tasks.g1_walk import randomization
-
-            self._draw = randomization(**self.ranges)
-        return self._draw(rng, ids)
+        m, r = self._model_fields(), self.ranges
+        n = len(ids)
+        out: dict[str, np.ndarray] = {}
+        if r["friction"] is not None:
+            mu = rng.uniform(*r["friction"], size=(n, 1))
+            f = np.broadcast_to(m["geom_friction"], (n, *m["geom_friction"].shape)).copy()
+            f[:, :, 0] = mu
+            out["geom_friction"] = f
+            if m["floor_pairs"].size:
+                pf = np.broadcast_to(m["pair_friction"], (n, *m["pair_friction"].shape)).copy()
+                pf[:, m["floor_pairs"], :2] = mu[:, :, None]
+                out["pair_friction"] = pf
+        if r["mass_scale"] is not None:
+            mass = m["body_mass"]
+            out["body_mass"] = mass * rng.uniform(*r["mass_scale"], size=(n, len(mass)))
+        if r["kp_scale"] is not None:
+            out["actuator_kp"] = m["kp"] * rng.uniform(*r["kp_scale"], size=(n, len(m["kp"])))
+        if r["kd_scale"] is not None:
+            out["actuator_kd"] = m["kd"] * rng.uniform(*r["kd_scale"], size=(n, len(m["kd"])))
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"ranges": self.ranges, "_draw": None}  # the closure is rebuilt where it runs
+        # the ranges only (the model's fields are read again where it runs), and "_draw", which
+        # the code before the draw moved into this class reads
+        return {"ranges": self.ranges, "_draw": None}
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        self.ranges = dict(state["ranges"])
+        self._model = None
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={list(v) if v else None}" for k, v in self.ranges.items())

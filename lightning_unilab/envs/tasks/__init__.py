@@ -21,6 +21,8 @@ import numpy as np
 from lightning_unilab import _core
 from lightning_unilab.envs.assets import g1_flat_scene
 from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec, Transition
+from lightning_unilab.envs.tasks.evaluation import TaskEvaluation
+from lightning_unilab.envs.tasks.g1_walk import EVALUATION as G1_WALK_EVALUATION
 from lightning_unilab.envs.tasks.rng import EnvRng
 
 __all__ = ["EnvRng", "ModelParam", "NumpyTask", "TaskInfo", "TaskSpec", "Transition", "get",
@@ -86,12 +88,16 @@ class TaskInfo:
     ModelParam}. A C++ task gets a const mjModel, so :meth:`load_model` applies them (the given
     value, else the C++ table's default) before the pool is built, and the task checks that the
     model carries them (g1-walk-flat's ``timestep``: model.opt.timestep).
+
+    ``evaluation``: the evaluator's hooks for the task (:mod:`.evaluation`: parameters switched
+    off, series, metrics, plot panels); None: the generic ones.
     """
 
     name: str
     xml: Callable[[], Path]
     numpy_task: Callable[[], NumpyTask] | None = None
     model_params: Mapping[str, ModelParam] = field(default_factory=dict)
+    evaluation: TaskEvaluation | None = None
     # the C++ task's arrays from the env's task_data (g1-motion-tracking's clip library):
     # (model, params, task_data) -> {name: array}; None: the task reads none
     arrays: Callable[[mujoco.MjModel, Mapping[str, float], Mapping[str, Any]],
@@ -168,7 +174,8 @@ _TASKS: dict[str, TaskInfo] = {
     "InvertedPendulum-v5": TaskInfo("InvertedPendulum-v5",
                                     lambda: gym_xml("inverted_pendulum.xml")),
     "g1-walk-flat": TaskInfo("g1-walk-flat", g1_xml, _g1_numpy,
-                             model_params={"timestep": TIMESTEP, "eulerdamp": EULERDAMP}),
+                             model_params={"timestep": TIMESTEP, "eulerdamp": EULERDAMP},
+                             evaluation=G1_WALK_EVALUATION),
     "g1-motion-tracking": TaskInfo("g1-motion-tracking", g1_xml, _g1_tracking_numpy,
                                    model_params={"timestep": TIMESTEP, "eulerdamp": EULERDAMP},
                                    arrays=_g1_tracking_arrays),

@@ -21,6 +21,7 @@ import numpy as np
 from lightning_unilab import _core
 from lightning_unilab.envs import terms
 from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec, Transition
+from lightning_unilab.envs.tasks.evaluation import VelocityTracking
 from lightning_unilab.envs.tasks.rng import EnvRng
 
 if TYPE_CHECKING:
@@ -42,6 +43,14 @@ OBS = 3 + 3 + 3 * JOINTS + 3 + 2  # 98; + 3 (the local linear velocity) with obs
 CRITIC_EXTRA = 3 + 1 + 2 + 2  # the critic's fields after the actor's
 CRITIC = OBS + CRITIC_EXTRA  # 106
 FEET = ("left_foot", "right_foot")  # the foot sites, each above the box geom of its name
+# info after the reward shares, as C++'s info_names: the evaluation's series (after the substeps;
+# the command the step followed, before any resample)
+SERIES = ("vx", "vy", "yaw_rate", "vx_command", "vy_command", "yaw_rate_command", "base_height")
+# the evaluator's hooks: the series above, and the evaluation's parameters: no pushes, every
+# command component as drawn (the issue's evaluation; a command mix would make it easier)
+EVALUATION = VelocityTracking(training_only={
+    "push_low": 0.0, "push_high": 0.0, "command_keep_vx": 1.0, "command_keep_vy": 1.0,
+    "command_keep_yaw": 1.0})
 
 
 STEP_RATIO_TOLERANCE = 1e-4  # of ctrl_dt / timestep from a whole number, as in C++
@@ -129,6 +138,7 @@ class G1WalkFlat(NumpyTask):
     name = "g1-walk-flat"
     # the foot sites' world positions (feet_phase): as the C++ task's site_xpos, one substep stale
     outputs = {"sensordata": None, "actuator_force": None, "site_xpos": list(FEET)}
+    evaluation = EVALUATION
 
     def __init__(self, **params: float) -> None:
         self.p = G1Params.with_defaults(**params)
@@ -226,7 +236,8 @@ class G1WalkFlat(NumpyTask):
                         max_episode_steps=self.max_episode_steps,
                         memory_size=MEMORY, resample_steps=int(self.p.resample_steps),
                         max_speed=self.p.max_speed,
-                        action_low=-np.ones(JOINTS), action_high=np.ones(JOINTS))
+                        action_low=-np.ones(JOINTS), action_high=np.ones(JOINTS),
+                        info_names=self.reward_sum.info_names + SERIES)
 
     # ------------------------------------------------------------------ array level
 
@@ -247,6 +258,16 @@ class G1WalkFlat(NumpyTask):
                 feet_z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Reward and termination of n envs; updates their memory rows (returned copy-free).
         feet_z (n, 2): the foot sites' world z (``site_xpos[:, feet_sites, 2]``)."""
+        reward, fallen, _ = self.rewards_info(qpos, qvel, sensordata, actuator_force, actions,
+                                              memory, feet_z)
+        return reward, fallen
+
+    def rewards_info(self, qpos: np.ndarray, qvel: np.ndarray, sensordata: np.ndarray,
+                     actuator_force: np.ndarray, actions: np.ndarray, memory: np.ndarray,
+                     feet_z: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """:meth:`rewards` and the step's info (``spec.info_names``): each term's share of
+        the reward, what the floor added, and the evaluation's :data:`SERIES`."""
         p = self.p
         s = sensordata
         gyro = s[:, self.s_gyro]
@@ -270,9 +291,9 @@ class G1WalkFlat(NumpyTask):
         hip_weights[:, :, 0] = np.where(np.abs(cmd[:, 1]) > 0.1, 0.0, 1.0)[:, None]
         fallen = (terms.nonfinite(qpos, qvel) | terms.base_too_low(qpos[:, 2], p.min_base_height)
                   | terms.tilted(g, self.max_tilt))
-        reward, _ = self.reward_sum({
-            "tracking_lin_vel": terms.tracking_lin_vel_xy(cmd, s[:, self.s_local_linvel],
-                                                          p.tracking_sigma),
+        linvel = s[:, self.s_local_linvel]
+        reward, info = self.reward_sum({
+            "tracking_lin_vel": terms.tracking_lin_vel_xy(cmd, linvel, p.tracking_sigma),
             "tracking_ang_vel": terms.tracking_yaw_rate(cmd[:, 2], gyro[:, 2], p.tracking_sigma),
             "lin_vel_z": terms.lin_vel_z(s[:, self.s_global_linvel.start + 2]),
             "ang_vel_xy": terms.ang_vel_xy(gyro),
@@ -289,9 +310,12 @@ class G1WalkFlat(NumpyTask):
                                                          hip_weights.reshape(len(qpos), 4)),
             "joint_deviation_knee": terms.joint_deviation(rel[:, self.knee_cols], np.ones(2)),
         })
+        info.update({"vx": linvel[:, 0], "vy": linvel[:, 1], "yaw_rate": gyro[:, 2],
+                     "vx_command": cmd[:, 0].copy(), "vy_command": cmd[:, 1].copy(),
+                     "yaw_rate_command": cmd[:, 2].copy(), "base_height": qpos[:, 2]})
         memory[:, LAST_ACTION] = actions
         memory[:, STEP] += 1
-        return reward, fallen
+        return reward, fallen, info
 
     def observe_arrays(self, qpos: np.ndarray, qvel: np.ndarray, sensordata: np.ndarray,
                        memory: np.ndarray, critic: bool = True
@@ -348,11 +372,12 @@ class G1WalkFlat(NumpyTask):
     def evaluate(self, pool: BatchEnvPool, ids: np.ndarray, actions: np.ndarray,
                  memory: np.ndarray) -> Transition:
         mem = memory[ids]
-        reward, fallen = self.rewards(pool.qpos[ids], pool.qvel[ids], self._sensors(pool, ids),
-                                      pool.outputs["actuator_force"][ids, :, 0], actions, mem,
-                                      pool.outputs["site_xpos"][ids, :, 2])
+        reward, fallen, info = self.rewards_info(
+            pool.qpos[ids], pool.qvel[ids], self._sensors(pool, ids),
+            pool.outputs["actuator_force"][ids, :, 0], actions, mem,
+            pool.outputs["site_xpos"][ids, :, 2])
         memory[ids] = mem
-        return Transition(reward=reward, terminated=fallen)
+        return Transition(reward=reward, terminated=fallen, info=info)
 
     def observe(self, pool: BatchEnvPool, ids: np.ndarray, memory: np.ndarray,
                 obs: np.ndarray, critic: np.ndarray | None) -> None:
@@ -375,45 +400,3 @@ def sole_depth(m: mujoco.MjModel, foot: str) -> float:
                          "one body")
     return float(m.site_pos[site, 2] - (m.geom_pos[geom, 2] - m.geom_size[geom, 2]))
 
-
-def randomization(friction: tuple[float, float] | None = (0.4, 1.0),
-                  mass_scale: tuple[float, float] | None = (0.9, 1.1),
-                  kp_scale: tuple[float, float] | None = (0.9, 1.1),
-                  kd_scale: tuple[float, float] | None = None,
-                  model: mujoco.MjModel | None = None):
-    """A TaskVectorEnv ``randomization`` for the G1: floor/foot friction, link masses, kp/kd.
-
-    Values are drawn per env and per episode and applied through BatchEnvPool.reset; kd scales
-    the position actuators' own damping (zero in this G1, whose damping is in dof_damping).
-    The scene's feet touch the floor only through explicit contact pairs, whose friction MuJoCo
-    takes from ``pair_friction`` and not from the geoms: the friction draw sets both sliding
-    coefficients of every pair with the floor, and the geoms' sliding friction for any other
-    contact.
-    """
-    m = model if model is not None else G1WalkFlat().model()
-    gain = m.actuator_gainprm[:, 0].copy()
-    kd = -m.actuator_biasprm[:, 2].copy()
-    floor = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, "floor")
-    floor_pairs = np.flatnonzero((m.pair_geom1 == floor) | (m.pair_geom2 == floor))
-
-    def draw(rng: np.random.Generator, ids: np.ndarray) -> dict[str, np.ndarray]:
-        n = len(ids)
-        out: dict[str, np.ndarray] = {}
-        if friction is not None:
-            mu = rng.uniform(*friction, size=(n, 1))
-            f = np.broadcast_to(m.geom_friction, (n, *m.geom_friction.shape)).copy()
-            f[:, :, 0] = mu
-            out["geom_friction"] = f
-            if floor_pairs.size:
-                pf = np.broadcast_to(m.pair_friction, (n, *m.pair_friction.shape)).copy()
-                pf[:, floor_pairs, :2] = mu[:, :, None]
-                out["pair_friction"] = pf
-        if mass_scale is not None:
-            out["body_mass"] = m.body_mass * rng.uniform(*mass_scale, size=(n, m.nbody))
-        if kp_scale is not None:
-            out["actuator_kp"] = gain * rng.uniform(*kp_scale, size=(n, m.nu))
-        if kd_scale is not None:
-            out["actuator_kd"] = kd * rng.uniform(*kd_scale, size=(n, m.nu))
-        return out
-
-    return draw
