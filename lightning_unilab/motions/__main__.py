@@ -1,0 +1,98 @@
+"""``python -m lightning_unilab.motions``: convert, inspect and make reference motion clips.
+
+    csv2npz IN.csv OUT.npz --fps 30 [--out-fps 50] [--quat-order xyzw|wxyz]
+    npz2csv IN.npz OUT.csv [--quat-order xyzw|wxyz]
+    info FILE.npz
+    make-dance OUT.npz
+
+Every command takes ``--model`` (a task name or an MJCF path; default g1-walk-flat). A bad input
+prints one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import mujoco
+
+from lightning_unilab.motions.checks import clip_report
+from lightning_unilab.motions.clip import load_clip, save_clip
+from lightning_unilab.motions.convert import QUAT_ORDERS, clip_to_csv, csv_to_clip, root_body_name
+from lightning_unilab.motions.keyframes import make_dance
+
+DEFAULT_MODEL = "g1-walk-flat"
+
+
+def load_model(name: str) -> mujoco.MjModel:
+    """A task's model by task name, or the MJCF file at name."""
+    if name.endswith(".xml") or Path(name).is_file():
+        if not Path(name).is_file():
+            raise FileNotFoundError(f"--model: no MJCF file at {name!r}")
+        return mujoco.MjModel.from_xml_path(name)
+    from lightning_unilab.envs import tasks
+
+    return tasks.load_model(name)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lightning_unilab.motions",
+                                     description=__doc__.split("\n")[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"task name or MJCF path (default {DEFAULT_MODEL})")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("csv2npz", parents=[common],
+                       help="retargeted joint csv -> BeyondMimic npz (forward kinematics)")
+    p.add_argument("csv")
+    p.add_argument("npz")
+    p.add_argument("--fps", type=float, required=True, help="frame rate of the csv")
+    p.add_argument("--out-fps", type=float, default=None, help="resample to this rate first")
+    p.add_argument("--quat-order", choices=QUAT_ORDERS, default="xyzw")
+    p = sub.add_parser("npz2csv", parents=[common], help="npz -> csv of root pose and joints")
+    p.add_argument("npz")
+    p.add_argument("csv")
+    p.add_argument("--quat-order", choices=QUAT_ORDERS, default="xyzw")
+    p = sub.add_parser("info", parents=[common], help="a clip's size, speeds and feet")
+    p.add_argument("npz")
+    p = sub.add_parser("make-dance", parents=[common],
+                       help="generate the keyframed G1 dance (deterministic)")
+    p.add_argument("npz")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> None:
+    model = load_model(args.model)
+    if args.command == "csv2npz":
+        clip = csv_to_clip(args.csv, model, args.fps, args.out_fps, args.quat_order)
+        save_clip(clip, args.npz)
+        print(f"{args.npz}: {clip.num_frames} frames at {clip.fps:g} fps, "
+              f"{len(clip.body_names)} bodies")
+    elif args.command == "npz2csv":
+        clip = load_clip(args.npz, model)
+        clip_to_csv(clip, args.csv, args.quat_order, root_body_name(model))
+        print(f"{args.csv}: {clip.num_frames} frames at {clip.fps:g} fps")
+    elif args.command == "info":
+        clip = load_clip(args.npz, model)
+        print(f"{clip.path} ({clip.name})")
+        print("\n".join(clip_report(clip, model).lines()))
+    else:
+        clip = make_dance(model, args.npz)
+        print(f"{args.npz}: {clip.num_frames} frames at {clip.fps:g} fps, "
+              f"{clip.duration:g} s, {len(clip.body_names)} bodies")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        _run(args)
+    except (ValueError, OSError, KeyError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
