@@ -230,6 +230,8 @@ def load_clip(path: str | os.PathLike[str], model: mujoco.MjModel) -> MotionClip
         raise ValueError(f"{where}: body_quat_w: not unit quaternions (norm "
                          f"{norms[frame, body]:.6g} at frame {frame}, body {body}; "
                          f"tolerance {_QUAT_TOL})")
+    # normalized where the norm is visibly off (float32 files): a unit one is kept bit for bit
+    norms = np.where(off > 1e-12, norms, 1.0)
     arrays["body_quat_w"] = arrays["body_quat_w"] / norms[..., None]
     model_joints = model_joint_names(model)
     joints = _names(data, "joint_names", sizes["J"], model_joints, "joints", where)
