@@ -262,33 +262,45 @@ def test_csv_round_trip(order: str, model: mujoco.MjModel, tmp_path: Path) -> No
     _assert_same(load_clip(tmp_path / "out.npz", model), first, 1e-9)
 
 
-def test_csv_forward_kinematics(model: mujoco.MjModel, tmp_path: Path) -> None:
-    """Poses and velocities of a root yawing at a constant rate over a frozen pose: checks
-    what a w-last/w-first mix-up, a body off by one or a frame mix-up would break."""
+@pytest.mark.parametrize("tilt", [0.0, 0.3])
+def test_csv_forward_kinematics(tilt: float, model: mujoco.MjModel, tmp_path: Path) -> None:
+    """Poses and velocities of a root turning about the vertical at a constant rate (tilted
+    sideways by tilt, so that body and world angular velocities differ) over a frozen pose:
+    checks what a w-last/w-first mix-up, a body off by one or a frame mix-up would break."""
     t = np.arange(FRAMES) / FPS
     home = model.key("knees_bent").qpos
-    yaw = np.pi / 2 + YAW_RATE * t
+    turn = Q.mul(Q.from_axis_angle(np.array([0.0, 0.0, 1.0]), np.pi / 2 + YAW_RATE * t),
+                 Q.from_axis_angle(np.array([1.0, 0.0, 0.0]), np.full(FRAMES, tilt)))
     rows = np.zeros((FRAMES, 36))
     rows[:, 2] = home[2]
-    rows[:, 5], rows[:, 6] = np.sin(yaw / 2), np.cos(yaw / 2)  # x y z w: a turn about z
+    rows[:, 3:7] = turn[:, [1, 2, 3, 0]]  # x y z w
     rows[:, 7:] = home[7:]
     np.savetxt(tmp_path / "turn.csv", rows, delimiter=",")
     clip = csv_to_clip(tmp_path / "turn.csv", model, FPS)
     pelvis, hip = clip.body_index("pelvis"), clip.body_index("left_hip_pitch_link")
     np.testing.assert_allclose(clip.body_pos_w[:, pelvis], rows[:, :3], rtol=0, atol=1e-15)
-    np.testing.assert_allclose(clip.body_quat_w[0, pelvis], [np.cos(np.pi / 4), 0, 0,
-                                                             np.sin(np.pi / 4)], atol=1e-15)
-    # at yaw 90 degrees the left hip (at +y of the pelvis at rest) lies at -x
+    np.testing.assert_allclose(clip.body_quat_w[:, pelvis], turn, rtol=0, atol=1e-15)
     rest = model.body("left_hip_pitch_link").pos
-    np.testing.assert_allclose(clip.body_pos_w[0, hip] - rows[0, :3],
-                               [-rest[1], rest[0], rest[2]], atol=1e-12)
-    # a rigid turn: every body turns at the rate, and moves as omega x r
+    if tilt == 0:  # at yaw 90 degrees the left hip (at +y of the pelvis at rest) lies at -x
+        np.testing.assert_allclose(clip.body_quat_w[0, pelvis],
+                                   [np.cos(np.pi / 4), 0, 0, np.sin(np.pi / 4)], atol=1e-15)
+        np.testing.assert_allclose(clip.body_pos_w[0, hip] - rows[0, :3],
+                                   [-rest[1], rest[0], rest[2]], atol=1e-12)
+    np.testing.assert_allclose(clip.body_pos_w[:, hip] - rows[:, :3], Q.rotate(turn, rest),
+                               atol=1e-12)
+    # a rigid turn: every body turns at the rate about the world's vertical, and moves as
+    # omega x r
     omega = np.array([0.0, 0.0, YAW_RATE])
     np.testing.assert_allclose(clip.body_ang_vel_w, np.broadcast_to(omega, (FRAMES, 30, 3)),
                                atol=1e-3)
     lever = clip.body_pos_w - clip.body_pos_w[:, pelvis:pelvis + 1]
     np.testing.assert_allclose(clip.body_lin_vel_w, np.cross(omega, lever), atol=1e-3)
     np.testing.assert_allclose(clip.joint_vel, 0.0, atol=1e-12)
+    # q and -q are one orientation: signs flipping between frames change no velocity
+    signs = np.where(np.arange(FRAMES) % 2, -1.0, 1.0)[:, None]
+    flipped = qpos_to_clip(rows[:, :3], turn * signs, rows[:, 7:], model, FPS)
+    for key in ("body_lin_vel_w", "body_ang_vel_w"):
+        np.testing.assert_allclose(getattr(flipped, key), getattr(clip, key), atol=1e-12)
     # read in the wrong order, the same unit numbers are another rotation: the poses tell
     wrong = csv_to_clip(tmp_path / "turn.csv", model, FPS, quat_order="wxyz")
     assert np.abs(wrong.body_pos_w[0, hip] - clip.body_pos_w[0, hip]).max() > 0.05
