@@ -54,8 +54,8 @@ MAX_SLIP = 0.005  # m per frame
 
 # Keyframes: time (s) -> channel values. Pelvis channels: x, y (m, world), dz (m from the
 # standing height), roll, pitch, yaw (rad); the others are joint angles (rad) by joint name
-# without "_joint"; None is the channel's home value. A channel holds its home value until its
-# first key and its last key after.
+# without "_joint"; None is the channel's home value. A channel starts at its home value at
+# t = 0, eases to each of its keys in turn and holds the last.
 _ARMS_HOME: dict[str, float | None] = {
     f"{side}_{part}": None for side in ("left", "right")
     for part in ("shoulder_pitch", "shoulder_roll", "shoulder_yaw", "elbow", "wrist_roll")}
@@ -81,7 +81,7 @@ def _wave(side: str, t0: float, period: float, count: int) -> Keys:
 
 
 def _keyframes() -> Keys:
-    keys: Keys = [(0.4, {**_ARMS_HOME, "y": 0.0})]
+    keys: Keys = [(0.4, {**_ARMS_HOME, "y": 0.0, "roll": 0.0})]  # still until 0.4 s
     # arm waves, the pelvis swaying under them
     keys += _wave("right", 0.9, 0.4, 3)
     keys += [(2.6, {k: v for k, v in _ARMS_HOME.items() if k.startswith("right")})]
@@ -138,8 +138,8 @@ def _ease(s: np.ndarray) -> np.ndarray:
 
 
 def _track(times: np.ndarray, keys: list[tuple[float, float]], home: float) -> np.ndarray:
-    """One channel at times: home before its first key, eased between keys, held after."""
-    out = np.full(len(times), home if not keys else keys[0][1])
+    """One channel at times: from home at 0, eased from key to key, the last held."""
+    out = np.full(len(times), home)
     if not keys:
         return out
     pts = [(0.0, home)] + sorted(keys, key=lambda k: k[0])
