@@ -595,7 +595,8 @@ class G1MotionTracking : public Task {
       const mjtNum a = QuatAngle(q, d->xquat + 4 * id);
       c.body_ori += a * a;
       mjtNum v[6];
-      mj_objectVelocity(m, d, mjOBJ_BODY, id, v, 0);
+      // at the body's frame origin, the point body_pos holds (as the clips' velocities)
+      mj_objectVelocity(m, d, mjOBJ_XBODY, id, v, 0);
       const mjtNum* rv = Ref(body_lin_vel_, frame, b, 3);
       const mjtNum* rw = Ref(body_ang_vel_, frame, b, 3);
       for (int i = 0; i < 3; ++i) {

@@ -72,6 +72,12 @@ def motion_paths(motions: str | os.PathLike | Sequence[str | os.PathLike] | None
     return out
 
 
+def _given(task_data: Mapping[str, Any], key: str, default: Any) -> Any:
+    """task_data[key] unless absent or None (an empty list is a choice: no end effectors)."""
+    value = task_data.get(key)
+    return default if value is None else value
+
+
 def library_arrays(model: mujoco.MjModel, params: Mapping[str, float],
                    task_data: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The clip library as the C++ task reads it: every clip resampled to the control rate and
@@ -84,9 +90,9 @@ def library_arrays(model: mujoco.MjModel, params: Mapping[str, float],
                          f"{list(TASK_DATA_KEYS)}")
     values = {**_core.task_defaults(NAME), **params}
     fps = 1.0 / values["ctrl_dt"]
-    bodies = tuple(task_data.get("bodies") or TRACKED_BODIES)
-    anchor = task_data.get("anchor") or ANCHOR
-    effectors = tuple(task_data.get("end_effectors") or END_EFFECTORS)
+    bodies = tuple(_given(task_data, "bodies", TRACKED_BODIES))
+    anchor = _given(task_data, "anchor", ANCHOR)
+    effectors = tuple(_given(task_data, "end_effectors", END_EFFECTORS))
     for key, names in (("anchor", (anchor,)), ("end_effectors", effectors)):
         missing = [n for n in names if n not in bodies]
         if missing:
@@ -198,9 +204,9 @@ class G1MotionTracking(NumpyTask):
         self.params = {**defaults, **params}
         self.task_data = dict(task_data or {})
         self._model: mujoco.MjModel | None = None
-        bodies = tuple(self.task_data.get("bodies") or TRACKED_BODIES)
-        self.outputs = {"xpos": list(bodies), "xquat": list(bodies), "xipos": list(bodies),
-                        "cvel": list(bodies), "subtree_com": [ROOT]}
+        bodies = tuple(_given(self.task_data, "bodies", TRACKED_BODIES))
+        self.outputs = {"xpos": list(bodies), "xquat": list(bodies), "cvel": list(bodies),
+                        "subtree_com": [ROOT]}
         self.model()
 
     def model(self) -> mujoco.MjModel:
@@ -355,13 +361,14 @@ class G1MotionTracking(NumpyTask):
 
     def _bodies(self, pool: BatchEnvPool, ids: np.ndarray) -> tuple[np.ndarray, ...]:
         """(n, B, 3) positions, (n, B, 4) orientations, (n, B, 3) linear and angular velocities
-        (world frame, of the centers of mass: mj_objectVelocity's for mjOBJ_BODY)."""
+        (world frame, at the body frames' origins: mj_objectVelocity's for mjOBJ_XBODY, as
+        the clips' velocities are the derivatives of their body positions)."""
         out = pool.outputs
         xpos, xquat = out["xpos"][ids], out["xquat"][ids]
         cvel = out["cvel"][ids]
         com = out["subtree_com"][ids]  # (n, 1, 3): the root's subtree, every body's rootid
         ang = cvel[..., :3]
-        lin = cvel[..., 3:] - np.cross(out["xipos"][ids] - com, ang)
+        lin = cvel[..., 3:] - np.cross(xpos - com, ang)
         return xpos, xquat, lin, ang
 
     def compare(self, xpos: np.ndarray, xquat: np.ndarray, lin: np.ndarray, ang: np.ndarray,
