@@ -81,6 +81,8 @@ class Episode:
     terminated: bool = False
     dt: float = 0.0
     task_ref: dict[str, Any] | None = None  # a task class's {class_path, init_args} (renderer)
+    # (len(states), nq) qpos of a reference drawn as a ghost in the GIF (a tracking task's clip)
+    ghost: np.ndarray | None = None
     # the task's hooks: series, metrics, plot panels (not written to episode.json)
     evaluation: TaskEvaluation = field(default_factory=TaskEvaluation, repr=False,
                                        compare=False)
@@ -141,6 +143,7 @@ def run_episode(policy: torch.nn.Module, task: Any, task_kwargs: Mapping[str, An
             episode = _play(env, policy, seed, steps, deterministic)
         episode.evaluation = evaluation
         episode.series = evaluation.series(episode, env.model)
+        episode.ghost = evaluation.ghost(episode, env)
         return episode
     finally:
         env.close()
@@ -195,7 +198,7 @@ def evaluation_task_kwargs(task_kwargs: Mapping[str, Any] | None, randomize: boo
     if not randomize:
         kwargs.pop("randomization", None)
         params = dict(kwargs.get("params") or {})
-        if task is not None and params:
+        if task is not None:
             evaluated = evaluation_of(task).evaluation_params(params)
             if evaluated != params:
                 kwargs["params"] = evaluated
@@ -249,10 +252,10 @@ _RENDER = """
 import json, sys, numpy as np
 from lightning_unilab.envs.render import EnvRenderer, write_gif
 from lightning_unilab.envs.vector_env import TaskVectorEnv
-states, task, out, width, height, fps = sys.argv[1:7]
+states, task, out, width, height, fps, ghost = sys.argv[1:8]
 env = TaskVectorEnv(json.loads(task) if task.startswith("{") else task, 1, 1)
 renderer = EnvRenderer(env.model, int(width), int(height))
-frames = renderer.render(np.load(states))
+frames = renderer.render(np.load(states), ghost=np.load(ghost) if ghost else None)
 renderer.close(); env.close()
 write_gif(frames, out, fps=float(fps))
 print("OK", len(frames))
@@ -284,6 +287,10 @@ def render_episode(episode: Episode, path: str | os.PathLike, max_frames: int = 
     with tempfile.TemporaryDirectory() as tmp:
         npy = os.path.join(tmp, "states.npy")
         np.save(npy, states)
+        ghost = ""
+        if episode.ghost is not None:
+            ghost = os.path.join(tmp, "ghost.npy")
+            np.save(ghost, episode.ghost[::stride])
         for backend in backends:
             env = {**os.environ, "MUJOCO_GL": backend, "PYOPENGL_PLATFORM": backend}
             if episode.task_ref:
@@ -291,7 +298,7 @@ def render_episode(episode: Episode, path: str | os.PathLike, max_frames: int = 
             try:
                 run = subprocess.run(
                     [sys.executable, "-c", _RENDER, npy, task, str(path), str(size[0]),
-                     str(size[1]), f"{fps:.4f}"], env=env, capture_output=True, text=True,
+                     str(size[1]), f"{fps:.4f}", ghost], env=env, capture_output=True, text=True,
                     timeout=timeout)
             except subprocess.TimeoutExpired:
                 tried.append(f"{backend}: {len(states)} frames not drawn in {timeout:.0f} s")

@@ -25,6 +25,8 @@ from lightning_omnilab.validate import positive_int
 
 __all__ = ["EnvRenderer", "write_gif"]
 
+_GHOST_RGBA = np.array([0.3, 0.6, 1.0, 0.35], np.float32)  # the reference: translucent blue
+
 _INTEGRATION = mujoco.mjtState.mjSTATE_INTEGRATION
 
 
@@ -86,14 +88,32 @@ class EnvRenderer:
                 ) from err
         return self._renderer
 
-    def render(self, states: np.ndarray) -> list[np.ndarray]:
-        """One (height, width, 3) uint8 frame per mjSTATE_INTEGRATION row of states."""
+    def render(self, states: np.ndarray, ghost: np.ndarray | None = None) -> list[np.ndarray]:
+        """One (height, width, 3) uint8 frame per mjSTATE_INTEGRATION row of states; ``ghost``
+        (one qpos row per state row, a tracking task's reference) is drawn translucent over it."""
         renderer = self._open()
+        rows = np.atleast_2d(states)
+        if ghost is not None:
+            ghost = np.atleast_2d(np.asarray(ghost, np.float64))
+            if ghost.shape != (len(rows), self.model.nq):
+                raise ValueError(f"ghost: expected ({len(rows)}, {self.model.nq}) qpos rows, got "
+                                 f"{ghost.shape}")
+            ghost_data = mujoco.MjData(self.model)
+            option, perturb = mujoco.MjvOption(), mujoco.MjvPerturb()
         frames = []
-        for row in np.atleast_2d(states):
+        for i, row in enumerate(rows):
             mujoco.mj_setState(self.model, self._data, row, _INTEGRATION)
             mujoco.mj_forward(self.model, self._data)
             renderer.update_scene(self._data, camera=self.camera)
+            if ghost is not None:
+                scene = renderer.scene
+                first = scene.ngeom
+                ghost_data.qpos[:] = ghost[i]
+                mujoco.mj_kinematics(self.model, ghost_data)
+                mujoco.mjv_addGeoms(self.model, ghost_data, option, perturb,
+                                    mujoco.mjtCatBit.mjCAT_DYNAMIC, scene)
+                for k in range(first, scene.ngeom):
+                    scene.geoms[k].rgba[:] = _GHOST_RGBA
             frames.append(renderer.render().copy())
         return frames
 

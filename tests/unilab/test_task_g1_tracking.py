@@ -7,6 +7,7 @@ from pathlib import Path
 import mujoco
 import numpy as np
 import pytest
+import torch
 
 from lightning_unilab.envs import tasks
 from lightning_unilab.envs.tasks import g1_tracking as trk
@@ -227,3 +228,68 @@ def test_state_round_trip_keeps_the_sampling_state(library: dict) -> None:
         np.testing.assert_array_equal(ra[0], rb[0])
         np.testing.assert_array_equal(ra[1], rb[1])
     assert int(a.memory[0, FRAME]) == int(b.memory[0, FRAME])
+
+
+def test_pitch_rotation_counts_whole_turns() -> None:
+    """A turn about the lateral axis by 2.5 pi in small steps reads 2.5 pi, whatever the
+    heading it started with (a backflip reads -2 pi)."""
+    theta = np.linspace(0, 2.5 * np.pi, 200)
+    heading = 0.7
+    yaw = np.stack([np.full_like(theta, np.cos(heading / 2)), 0 * theta, 0 * theta,
+                    np.full_like(theta, np.sin(heading / 2))], 1)
+    pitch = np.stack([np.cos(theta / 2), 0 * theta, np.sin(theta / 2), 0 * theta], 1)
+    quats = trk.quat_mul(yaw, pitch)  # the turn about the turned body's own lateral axis
+    np.testing.assert_allclose(trk.pitch_rotation(quats), theta, atol=1e-9)
+    np.testing.assert_allclose(trk.pitch_rotation(trk.quat_mul(yaw, trk.quat_conj(pitch))),
+                               -theta, atol=1e-9)
+
+
+def _policy(env: TaskVectorEnv):
+    from lightning_unilab.learner.policy import ActorCritic
+
+    torch.manual_seed(0)  # the same policy every time
+    return ActorCritic(env.spec.obs_size, env.spec.critic_size, env.spec.action_size)
+
+
+def test_evaluation_tracks_the_reference_itself(library: dict) -> None:
+    """The evaluation switches the start noise and the sampling off, runs to the clip's end,
+    reports per-clip errors and the reference as a ghost (its first row: the start state's)."""
+    from lightning_unilab.evaluate import evaluation_task_kwargs, run_episode
+
+    kwargs = evaluation_task_kwargs({"task_data": library, "params": {"reset_pos_noise": 0.3}},
+                                    randomize=False, task_params={"start_frame": 20.0},
+                                    task="g1-motion-tracking")
+    params = kwargs["params"]
+    assert params["reset_pos_noise"] == 0.0 and params["adaptive_sampling"] == 0.0
+    assert params["start_frame"] == 20.0 and params["episode_length_s"] >= 3600
+    env = TaskVectorEnv("g1-motion-tracking", 1, 1, **kwargs)
+    policy = _policy(env)
+    env.close()
+    episode = run_episode(policy, "g1-motion-tracking", kwargs, max_steps=30)
+    m = episode.tracking()
+    assert m["clip"] == 0 and m["start_frame"] == 20 and m["end_frame"] == 20 + episode.length
+    assert m["body_pos_error_m"] == pytest.approx(episode.terms["body_pos_error"].mean())
+    assert set(m) >= {"body_pos_error_m", "anchor_ori_error_rad", "joint_error_rad",
+                      "rotation_rad", "landed", "fell"}
+    assert episode.ghost.shape == (len(episode.states), 36)
+    np.testing.assert_allclose(episode.ghost[0], episode.states[0, 1:37], atol=1e-12)
+
+
+def test_a_recipe_std_reaches_the_evaluation(library: dict) -> None:
+    """A changed kernel width changes the evaluation's reward series, as it changes training."""
+    from lightning_unilab.evaluate import evaluation_task_kwargs, run_episode
+
+    episodes = []
+    for std in (0.3, 0.05):
+        kwargs = evaluation_task_kwargs({"task_data": library, "params": {"std_body_pos": std}},
+                                        randomize=False, task_params=None,
+                                        task="g1-motion-tracking")
+        env = TaskVectorEnv("g1-motion-tracking", 1, 1, **kwargs)
+        policy = _policy(env)
+        env.close()
+        episodes.append(run_episode(policy, "g1-motion-tracking", kwargs, max_steps=10))
+    a, b = (e.terms["reward_body_pos"] for e in episodes)
+    assert not np.allclose(a, b)
+    err = episodes[0].terms["body_pos_error"]
+    np.testing.assert_array_equal(err, episodes[1].terms["body_pos_error"])  # same motion
+    assert (b <= a + 1e-12).all() and (err > 0).all()

@@ -22,6 +22,7 @@ from lightning_unilab import _core
 from lightning_unilab.envs.assets import g1_flat_scene
 from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec, Transition
 from lightning_unilab.envs.tasks.evaluation import TaskEvaluation
+from lightning_unilab.envs.tasks.g1_tracking import EVALUATION as G1_TRACKING_EVALUATION
 from lightning_unilab.envs.tasks.g1_walk import EVALUATION as G1_WALK_EVALUATION
 from lightning_unilab.envs.tasks.rng import EnvRng
 
@@ -178,7 +179,8 @@ _TASKS: dict[str, TaskInfo] = {
                              evaluation=G1_WALK_EVALUATION),
     "g1-motion-tracking": TaskInfo("g1-motion-tracking", g1_xml, _g1_tracking_numpy,
                                    model_params={"timestep": TIMESTEP, "eulerdamp": EULERDAMP},
-                                   arrays=_g1_tracking_arrays),
+                                   arrays=_g1_tracking_arrays,
+                                   evaluation=G1_TRACKING_EVALUATION),
 }
 
 

@@ -81,6 +81,11 @@ class TaskEvaluation:
         ``vx``, ``vx_command`` ... (:func:`velocity_tracking`), None without them."""
         return velocity_tracking({**episode.terms, **episode.series}, episode.dt)
 
+    def ghost(self, episode: Episode, env: Any) -> np.ndarray | None:
+        """A reference to draw translucent in the GIF: (len(episode.states), nq) qpos rows,
+        from the episode and its still open env (``TaskVectorEnv``); None: none (here)."""
+        return None
+
     def panels(self, episode: Episode) -> list[Panel]:
         """The plot's panels under the reward's: base height, velocity against command (the
         series ``vx`` ..., else a term ``X`` beside a term ``X_command``, else ``x_velocity``),

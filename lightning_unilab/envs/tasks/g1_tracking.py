@@ -22,6 +22,7 @@ import numpy as np
 
 from lightning_unilab import _core
 from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec, Transition
+from lightning_unilab.envs.tasks.evaluation import Panel, TaskEvaluation
 from lightning_unilab.envs.tasks.rng import EnvRng
 
 if TYPE_CHECKING:
@@ -125,6 +126,85 @@ def library_arrays(model: mujoco.MjModel, params: Mapping[str, float],
             "body_ang_vel": cat(tracked, "body_ang_vel_w")}
 
 
+# ---------------------------------------------------------------- evaluation
+
+# the evaluation: the reference itself, from a chosen frame (0 unless given), to the clip's end
+EVALUATION_PARAMS = {"reset_pos_noise": 0.0, "reset_tilt_noise": 0.0, "reset_yaw_noise": 0.0,
+                     "reset_lin_vel_noise": 0.0, "reset_ang_vel_noise": 0.0,
+                     "reset_joint_noise": 0.0, "adaptive_sampling": 0.0,
+                     "episode_length_s": 3600.0}
+UPRIGHT_COS = math.cos(math.radians(30.0))  # landed: the torso within 30 degrees of upright
+
+
+def pitch_rotation(quats: np.ndarray) -> np.ndarray:
+    """The body's turn about its start's lateral axis, unwrapped (rad, + forward): the angle of
+    its forward axis in the vertical plane of the start's heading; a flip turns it by 2 pi."""
+    mats = quat_to_mat(quats)
+    forward = mats[:, :, 0]
+    heading = forward[0, :2] / max(float(np.linalg.norm(forward[0, :2])), 1e-12)
+    along = forward[:, 0] * heading[0] + forward[:, 1] * heading[1]
+    angle = np.unwrap(np.arctan2(-forward[:, 2], along))
+    return angle - angle[0]
+
+
+class MotionTrackingEvaluation(TaskEvaluation):
+    """The tracking task's evaluation: the start noise and adaptive sampling off, the episode to
+    the clip's end; per-clip errors (``tracking``), the reference drawn as a ghost."""
+
+    info_names = ("frame", "clip", "body_pos_error", "anchor_pos_error", "anchor_ori_error",
+                  "joint_error", "anchor_height", "ref_anchor_height")
+
+    def evaluation_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {**params, **EVALUATION_PARAMS, "start_frame": params.get("start_frame", 0.0)}
+
+    def series(self, episode: Any, model: mujoco.MjModel) -> dict[str, np.ndarray]:
+        return {k: episode.terms[k] for k in self.info_names}
+
+    def metrics(self, episode: Any) -> dict[str, Any] | None:
+        t = episode.terms
+        if not len(episode.rewards):
+            return None
+        quats = episode.states[:, 4:8]  # mjSTATE_INTEGRATION: time, then qpos (pelvis quat)
+        upright = quat_to_mat(quats[-1:])[0, 2, 2] >= UPRIGHT_COS
+        return {"clip": int(t["clip"][0]), "start_frame": int(t["frame"][0]) - 1,
+                "end_frame": int(t["frame"][-1]), "steps": episode.length,
+                "fell": bool(episode.terminated),
+                "body_pos_error_m": float(np.mean(t["body_pos_error"])),
+                "anchor_pos_error_m": float(np.mean(t["anchor_pos_error"])),
+                "anchor_ori_error_rad": float(np.mean(t["anchor_ori_error"])),
+                "joint_error_rad": float(np.mean(t["joint_error"])),
+                "rotation_rad": float(pitch_rotation(quats)[-1]),
+                "landed": bool(not episode.terminated and upright)}
+
+    def panels(self, episode: Any) -> list[Panel]:
+        s = episode.series
+        m = self.metrics(episode) or {}
+        title = (f"clip {m.get('clip')}: body position error {m.get('body_pos_error_m', 0):.3f} m,"
+                 f" anchor orientation {m.get('anchor_ori_error_rad', 0):.3f} rad, joints "
+                 f"{m.get('joint_error_rad', 0):.3f} rad; fell: {m.get('fell')}")
+        return [Panel("anchor height (m)", {"anchor_height": s["anchor_height"]},
+                      {"anchor_height": s["ref_anchor_height"]}, title),
+                Panel("tracking error", {k: s[k] for k in (
+                    "body_pos_error", "anchor_pos_error", "anchor_ori_error", "joint_error")}),
+                Panel("reward terms", {k: v for k, v in episode.terms.items()
+                                       if k.startswith("reward_")})]
+
+    def ghost(self, episode: Any, env: Any) -> np.ndarray | None:
+        task = getattr(env, "_numpy", None)
+        if isinstance(task, G1MotionTracking):
+            params, data = task.params, task.task_data
+        else:
+            params, data = {**_core.task_defaults(NAME), **env.params}, env.task_data or {}
+        arrays = library_arrays(env.model, params, data)
+        frames = np.r_[episode.terms["frame"][:1] - 1, episode.terms["frame"]].astype(int)
+        frames = frames[:len(episode.states)]
+        return np.concatenate([arrays["root_pos"][frames], arrays["root_quat"][frames],
+                               arrays["joint_pos"][frames]], 1)
+
+
+EVALUATION = MotionTrackingEvaluation()
+
+
 # ---------------------------------------------------------------- quaternions (w, x, y, z), (n, 4)
 
 def quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -194,6 +274,7 @@ class G1MotionTracking(NumpyTask):
 
     name = NAME
     stage = "vel"  # body poses and velocities of the state after the substeps, as C++
+    evaluation = EVALUATION
 
     def __init__(self, task_data: Mapping[str, Any] | None = None, **params: float) -> None:
         defaults = _core.task_defaults(NAME)
