@@ -15,7 +15,8 @@ import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES = ("inverted_pendulum", "half_cheetah", "ant", "humanoid", "g1_walk_flat")
+RECIPES = ("inverted_pendulum", "half_cheetah", "ant", "humanoid", "g1_walk_flat",
+           "g1_motion_tracking")
 
 
 def _tiny(recipe: str, tmp_path: Path, video: bool) -> Path:
@@ -26,7 +27,7 @@ def _tiny(recipe: str, tmp_path: Path, video: bool) -> Path:
              if c["class_path"] == "lightning_unilab.evaluate.EvaluationRollout"]
     assert len(evals) == 1, "each recipe ends with an EvaluationRollout"
     evals[0]["init_args"].update(max_steps=12, video=video, max_frames=4, size=[48, 36])
-    if "task_params" in evals[0]["init_args"]:  # g1: a new command every 4 of the 12 steps
+    if recipe == "g1_walk_flat":  # a new command every 4 of the 12 steps
         evals[0]["init_args"]["task_params"] = {"resample_steps": 4}
     cfg["data"].update(num_envs=4, horizon=8)
     path = tmp_path / f"{recipe}.yaml"
@@ -89,6 +90,12 @@ def test_recipe_trains_two_rollouts_and_evaluates(recipe: str, tmp_path: Path) -
         assert tracking["yaw_rate_error_radps"] == pytest.approx(yaw)
         # each step's command is the one it followed: new ones from steps 5 and 9 on
         assert tracking["command_changes"] == (summary["length"] - 1) // 4
+    if recipe == "g1_motion_tracking":  # from the clip's first frame, the errors per clip
+        tracking = summary["tracking"]
+        assert tracking["start_frame"] == 0 and tracking["steps"] == summary["length"]
+        errors = np.asarray(summary["terms"]["body_pos_error"])
+        assert tracking["body_pos_error_m"] == pytest.approx(errors.mean())
+        assert len(summary["series"]["ref_anchor_height"]) == summary["length"]
 
 
 def test_g1_recipe_randomizes_per_env_and_survives_pickling() -> None:
