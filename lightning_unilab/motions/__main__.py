@@ -4,9 +4,13 @@
     npz2csv IN.npz OUT.csv [--quat-order xyzw|wxyz]
     info FILE.npz
     make-dance OUT.npz
+    make-flip OUT.npz
+    record CHECKPOINT OUT.npz [--task-params K=V ...] [--seconds S] [--seed N] [--allow-fall]
+        [--all-bodies]
 
-Every command takes ``--model`` (a task name or an MJCF path; default g1-walk-flat). A bad input
-prints one line and exits with status 2.
+Every command but ``record`` (whose model is its checkpoint's task's) takes ``--model`` (a task
+name or an MJCF path; default g1-walk-flat). A bad input prints one line and exits with
+status 2.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import mujoco
 from lightning_unilab.motions.checks import clip_report
 from lightning_unilab.motions.clip import load_clip, save_clip
 from lightning_unilab.motions.convert import QUAT_ORDERS, clip_to_csv, csv_to_clip, root_body_name
-from lightning_unilab.motions.keyframes import make_dance
+from lightning_unilab.motions.flip import make_flip
+from lightning_unilab.motions.keyframes import TRACKED_BODIES, make_dance
 
 DEFAULT_MODEL = "g1-walk-flat"
 
@@ -60,10 +65,53 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("make-dance", parents=[common],
                        help="generate the keyframed G1 dance (deterministic)")
     p.add_argument("npz")
+    p = sub.add_parser("make-flip", parents=[common],
+                       help="generate the G1 back flip, ballistic in the air (deterministic)")
+    p.add_argument("npz")
+    p = sub.add_parser("record", help="a trained policy's episode (a checkpoint) as a clip")
+    p.add_argument("checkpoint")
+    p.add_argument("npz")
+    p.add_argument("--task-params", nargs="*", default=[], metavar="K=V",
+                   help="task parameters over the checkpoint's, e.g. resample_steps=250")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="episode length cap (default: the checkpoint's evaluation cap, else the "
+                        "task's time limit)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="start-state seed (default: the checkpoint's evaluation seed)")
+    p.add_argument("--allow-fall", action="store_true",
+                   help="keep an episode that ended in a fall (refused by default)")
+    p.add_argument("--all-bodies", action="store_true",
+                   help=f"keep every body (default: the {len(TRACKED_BODIES)} tracked ones)")
     return parser
 
 
+def _task_params(items: Sequence[str]) -> dict[str, float]:
+    """K=V items as task parameters (an int stays one: a task class's init args may need it)."""
+    params: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            number = int(value) if value.strip().lstrip("+-").isdigit() else float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise ValueError(f"--task-params: expected NAME=NUMBER, got {item!r}")
+        params[name] = number
+    return params
+
+
 def _run(args: argparse.Namespace) -> None:
+    if args.command == "record":
+        from lightning_unilab.motions.record import record_clip
+
+        rec = record_clip(args.checkpoint, args.npz, _task_params(args.task_params),
+                          args.seconds, args.seed, args.allow_fall,
+                          None if args.all_bodies else TRACKED_BODIES)
+        save_clip(rec.clip, args.npz)
+        print(f"{args.npz}: {rec.clip.num_frames} frames at {rec.clip.fps:g} fps, "
+              f"{rec.clip.duration:g} s, {len(rec.clip.body_names)} bodies ({rec.task}, "
+              f"return {rec.ret:.2f}{', fell' if rec.terminated else ''})")
+        return
     model = load_model(args.model)
     if args.command == "csv2npz":
         clip = csv_to_clip(args.csv, model, args.fps, args.out_fps, args.quat_order)
@@ -79,7 +127,7 @@ def _run(args: argparse.Namespace) -> None:
         print(f"{clip.path} ({clip.name})")
         print("\n".join(clip_report(clip, model).lines()))
     else:
-        clip = make_dance(model, args.npz)
+        clip = (make_dance if args.command == "make-dance" else make_flip)(model, args.npz)
         print(f"{args.npz}: {clip.num_frames} frames at {clip.fps:g} fps, "
               f"{clip.duration:g} s, {len(clip.body_names)} bodies")
 
