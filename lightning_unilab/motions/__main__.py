@@ -25,7 +25,7 @@ import mujoco
 from lightning_unilab.motions.checks import clip_report
 from lightning_unilab.motions.clip import load_clip, save_clip
 from lightning_unilab.motions.convert import QUAT_ORDERS, clip_to_csv, csv_to_clip, root_body_name
-from lightning_unilab.motions.flip import make_flip
+from lightning_unilab.motions.flip import flip_report, make_flip
 from lightning_unilab.motions.keyframes import TRACKED_BODIES, make_dance
 
 DEFAULT_MODEL = "g1-walk-flat"
@@ -130,6 +130,8 @@ def _run(args: argparse.Namespace) -> None:
         clip = (make_dance if args.command == "make-dance" else make_flip)(model, args.npz)
         print(f"{args.npz}: {clip.num_frames} frames at {clip.fps:g} fps, "
               f"{clip.duration:g} s, {len(clip.body_names)} bodies")
+        if args.command == "make-flip":
+            print("\n".join(flip_report(clip, model).lines()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
