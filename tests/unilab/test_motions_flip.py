@@ -126,6 +126,14 @@ def test_turns_once_and_stands_still_at_home(shipped, model: mujoco.MjModel) -> 
     assert np.abs(clip.joint_vel).max() < 25.0
 
 
+def test_the_tracking_task_reads_it_by_name(model: mujoco.MjModel) -> None:
+    from lightning_unilab.envs.tasks.g1_tracking import library_arrays
+
+    arrays = library_arrays(model, {}, {"motions": "g1_backflip"})
+    assert arrays["clip_frames"].tolist() == [249.0]
+    assert arrays["body_pos"].shape == (249, len(TRACKED_BODIES), 3)
+
+
 def test_generator_and_command_reproduce_the_shipped_clip(model: mujoco.MjModel,
                                                           tmp_path: Path) -> None:
     shipped = load_clip(FLIP, model)
