@@ -150,3 +150,17 @@ def test_evaluation_rejects_bad_arguments() -> None:
         EvaluationRollout(max_steps=0)
     with pytest.raises(ValueError, match="size"):
         EvaluationRollout(size=[64])
+
+
+def test_flip_recipe_is_the_tracking_recipe_on_the_flip_clip() -> None:
+    """g1_flip.yaml differs from g1_motion_tracking.yaml in its clip, budget and run name only:
+    a setting tuned on one reaches the other."""
+    def load(name: str) -> dict:
+        return yaml.safe_load((ROOT / "recipes" / "unilab" / f"{name}.yaml").read_text())
+
+    flip, tracking = load("g1_flip"), load("g1_motion_tracking")
+    assert flip["data"]["task_kwargs"]["task_data"]["motions"] == "g1_backflip"
+    flip["data"]["task_kwargs"]["task_data"]["motions"] = "g1_dance"
+    flip["trainer"]["max_time"] = tracking["trainer"]["max_time"]
+    flip["trainer"]["logger"]["init_args"]["name"] = "g1_motion_tracking"
+    assert flip == tracking
