@@ -24,6 +24,8 @@ from lightning_unilab import _core
 from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec, Transition
 from lightning_unilab.envs.tasks.evaluation import Panel, TaskEvaluation
 from lightning_unilab.envs.tasks.rng import EnvRng
+from lightning_unilab.motions.quat import conj as quat_conj
+from lightning_unilab.motions.quat import mul as quat_mul
 
 if TYPE_CHECKING:
     from lightning_unilab.envs.pool import BatchEnvPool
@@ -206,19 +208,7 @@ EVALUATION = MotionTrackingEvaluation()
 
 
 # ---------------------------------------------------------------- quaternions (w, x, y, z), (n, 4)
-
-def quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    aw, ax, ay, az = np.moveaxis(a, -1, 0)
-    bw, bx, by, bz = np.moveaxis(b, -1, 0)
-    return np.stack([aw * bw - ax * bx - ay * by - az * bz,
-                     aw * bx + ax * bw + ay * bz - az * by,
-                     aw * by - ax * bz + ay * bw + az * bx,
-                     aw * bz + ax * by - ay * bx + az * bw], axis=-1)
-
-
-def quat_conj(q: np.ndarray) -> np.ndarray:
-    return q * np.array([1.0, -1.0, -1.0, -1.0])
-
+# (products and conjugates: lightning_unilab.motions.quat's, as the clips are made with them)
 
 def quat_rotate(q: np.ndarray, v: np.ndarray) -> np.ndarray:
     """v rotated by q (broadcast over leading axes)."""
