@@ -101,6 +101,8 @@ class OmniStrategy(DDPStrategy):
             (default: equal). Below it, each TP group runs ``tensor_parallel //
             encoder_tensor_parallel`` encoder lanes, each encoding its share of the samples
             (1: plain encoders, one lane per TP rank).
+        **kwargs: passed on to Lightning's ``DDPStrategy`` (e.g. ``process_group_backend``,
+            ``cluster_environment``, ``checkpoint_io``).
     """
 
     strategy_name = "omni"

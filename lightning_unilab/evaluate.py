@@ -388,7 +388,8 @@ class EvaluationRollout(pl.Callback):
         max_steps: episode cap (default the task's time limit).
         seed: start-state seed of the evaluation env.
         video: try to write the GIF (needs an OpenGL backend; the plot is always written).
-        max_frames, size: GIF frames (every k-th step) and (width, height).
+        max_frames: GIF frames at the most (every k-th step is drawn).
+        size: the GIF's (width, height).
         randomize: keep the data module's domain randomization and the task's training-only
             parameters (its ``TaskEvaluation.training_only``: pushes, a command mix) in the
             evaluation env.

@@ -20,7 +20,7 @@ MemoryTrace = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # ``StepDat
 @dataclass
 class PricedStep:
     """A schedule with its prices, plus the tables behind them (for the fast estimate).
-    ``enc_*`` are keyed by (rank, microbatch); ``llm_*`` are indexed [virtual stage][mb]."""
+    ``enc_*`` are keyed by (rank, microbatch); ``llm_*`` are indexed ``[virtual stage][mb]``."""
 
     schedule: Schedule
     costs: StepCosts

@@ -50,8 +50,13 @@ class PoolVectorEnv(VectorEnv):
     """num_envs copies of a task on a BatchEnvPool, as a gymnasium vector env.
 
     Args:
-        task, num_envs, num_threads, params, randomization, nonfinite, copy: as for
-            TaskVectorEnv.
+        task: as for TaskVectorEnv.
+        num_envs: as for TaskVectorEnv.
+        num_threads: as for TaskVectorEnv.
+        params: as for TaskVectorEnv.
+        randomization: as for TaskVectorEnv.
+        nonfinite: as for TaskVectorEnv.
+        copy: as for TaskVectorEnv.
         autoreset: "next_step" (gymnasium's default) or "same_step", or an AutoresetMode.
         max_episode_steps: the time limit (a task parameter of the gymnasium tasks; what
             ``gym.make_vec`` passes from the registered spec).

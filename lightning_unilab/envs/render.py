@@ -39,7 +39,8 @@ class EnvRenderer:
 
     Args:
         model: the pool's model.
-        width, height: frame size in pixels (default 480 x 480, as gymnasium's MuJoCo envs).
+        width: frame width in pixels (default 480, as gymnasium's MuJoCo envs).
+        height: frame height in pixels (default 480).
         camera: a camera name or id of the model; default: a free camera that tracks body 1
             (the root body of gymnasium's and the G1 models) from a distance set by the model's
             extent.

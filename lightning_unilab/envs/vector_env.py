@@ -198,7 +198,8 @@ class TaskVectorEnv:
             :class:`NumpyTask` instance, or a task class (a NumpyTask subclass, its import path
             "pkg.module.Class", or ``{"class_path": ..., "init_args": {...}}``: built here, see
             :mod:`lightning_unilab.envs.tasks.ref`).
-        num_envs, num_threads: as for :class:`BatchEnvPool`.
+        num_envs: as for :class:`BatchEnvPool`.
+        num_threads: as for :class:`BatchEnvPool`.
         autoreset: "same_step" or "next_step" (see the module doc).
         params: task parameters overriding defaults (C++ tasks; e.g. {"ctrl_cost_weight": 0.2});
             for a task class, init args over its own (a NumpyTask instance takes none).

@@ -40,7 +40,9 @@ class RslRlVecEnv(VecEnv):
     """num_envs copies of a task as an rsl_rl VecEnv.
 
     Args:
-        task, num_envs, num_threads: as for TaskVectorEnv.
+        task: as for TaskVectorEnv.
+        num_envs: as for TaskVectorEnv.
+        num_threads: as for TaskVectorEnv.
         device: where the returned tensors live (the envs themselves run on the CPU).
         clip_actions: clip actions to the task's bounds before stepping.
         seed: seed of the start states.

@@ -39,7 +39,9 @@ class SB3VecEnv(VecEnv):
     """num_envs copies of a task as an SB3 VecEnv.
 
     Args:
-        task, num_envs, num_threads: as for TaskVectorEnv.
+        task: as for TaskVectorEnv.
+        num_envs: as for TaskVectorEnv.
+        num_threads: as for TaskVectorEnv.
         **kwargs: more TaskVectorEnv arguments (params, randomization, nonfinite, seed).
     """
 

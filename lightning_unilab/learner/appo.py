@@ -150,17 +150,26 @@ class APPOModule(pl.LightningModule):
     """Actor-critic trained with PPO-clip, one rollout slot per step.
 
     Args:
-        actor_hidden, critic_hidden, activation, init_log_std, normalize_obs: the
-            :class:`ActorCritic` built in ``setup`` from the data module's ``env_spec``.
+        actor_hidden: hidden layer sizes of the actor MLP of the :class:`ActorCritic` built in
+            ``setup`` from the data module's ``env_spec``.
+        critic_hidden: hidden layer sizes of its critic MLP.
+        activation: its hidden activation (e.g. "elu").
+        init_log_std: the log of its initial action std.
+        normalize_obs: z-score its observations under running statistics.
         std_param: the action std trained as its log ("log") or as itself ("scalar", rsl_rl's).
-        obs_clip, obs_eps: of its observation normalizers: the clip of the z-scores (None:
-            none) and the variance floor (rsl_rl divides by std + 0.01, about ``obs_eps`` 1e-4,
-            and does not clip).
-        obs_size, critic_size, action_size: optional; if given they must match the task.
+        obs_clip: the clip of its observation normalizers' z-scores (None: none; rsl_rl does
+            not clip).
+        obs_eps: the variance floor of its observation normalizers (rsl_rl divides by
+            std + 0.01, about ``obs_eps`` 1e-4).
+        obs_size: optional; if given it must match the task's observation size.
+        critic_size: optional; if given it must match the task's critic observation size.
+        action_size: optional; if given it must match the task's action size.
         policy: a ready :class:`ActorCritic` to train instead of building one.
-        gamma: discount. gae_lambda: the lambda of V-trace (GAE when on-policy).
-        rho_bar, c_bar: V-trace clips of the IS weights in the TD errors and the traces.
-            ``c_bar`` defaults to 100 (the traces keep their IS weights): at 1, every sample
+        gamma: discount.
+        gae_lambda: the lambda of V-trace (GAE when on-policy).
+        rho_bar: V-trace clip of the IS weights in the TD errors.
+        c_bar: V-trace clip of the IS weights in the traces. It defaults to 100 (the traces
+            keep their IS weights): at 1, every sample
             the learner's policy favours less than the collector's shortens the trace and none
             lengthens it, so lagged data gets nearly one-step advantages (docs/unilab/appo.md,
             "Stale data").
@@ -171,27 +180,35 @@ class APPOModule(pl.LightningModule):
             where the weights' variance costs more than the bias they remove
             (docs/unilab/appo.md, "Stale data"). The surrogate corrects for the lag either way
             (``ratio_form``).
-        clip_ratio: PPO clip epsilon. ratio_form: "decoupled" (pi / pi_prox clipped, weighted by
+        clip_ratio: PPO clip epsilon.
+        ratio_form: "decoupled" (pi / pi_prox clipped, weighted by
             min(rho_bar, pi_prox / mu); pi_prox: the pre-update or target policy), "behaviour"
             (pi / mu) or "impact" (pi / max(mu, pi_target)). All three equal PPO on-policy.
         value_clip: clip of the value change in the value loss (None: plain MSE), in the
             critic's units: z-scores of the targets when ``normalize_values``.
         normalize_values: the critic predicts its targets as a z-score under running statistics
             of the V-trace targets (rescaled so that values are kept when they move).
-        value_loss_coef, entropy_coef: weights of the value loss and entropy bonus.
-        lr: Adam learning rate (the start value when adaptive). adaptive_lr: rsl_rl-style
+        value_loss_coef: weight of the value loss.
+        entropy_coef: weight of the entropy bonus.
+        lr: Adam learning rate (the start value when adaptive).
+        adaptive_lr: rsl_rl-style
             schedule on ``desired_kl``: lr /= 1.5 when KL > 2 * target, lr *= 1.5 when
             KL < target / 2, kept in [lr_min, lr_max]; KL of the pre-update policy to the current.
             The KL is that of the whole update (pre-update policy to updated, over the slot) and
             the lr moves once per update. It moves the actor's lr only; the critic trains at
-            ``critic_lr`` (default: ``lr``).
+            ``critic_lr``.
         adapt_lr_every: "update" (above) or "minibatch": rsl_rl's rule, where each minibatch's
             KL (pre-update policy to the current one, on that minibatch, before its step) moves
             the lr for that step; ``desired_kl`` is then a per-minibatch target.
+        desired_kl: the KL target of the adaptive learning rate.
+        lr_min: the adaptive learning rate's floor.
+        lr_max: the adaptive learning rate's ceiling.
+        critic_lr: the critic's learning rate (default: ``lr``).
         kl_stop: trust region of one update: once the KL of the pre-update policy to the current
             one passes ``kl_stop * desired_kl`` the actor step that crossed it is undone and the
             rest of the update trains the critic only (None: off).
-        epochs, minibatches: passes over the slot and minibatches per pass.
+        epochs: passes over the slot.
+        minibatches: minibatches per pass.
         reshuffle_each_epoch: draw a new minibatch partition for every pass (False: one
             partition for all passes, as rsl_rl does).
         max_grad_norm: global gradient-norm clip (None: off).
@@ -199,6 +216,8 @@ class APPOModule(pl.LightningModule):
         target_network: keep an IMPACT target policy (updated every ``target_update_interval``
             slots by Polyak averaging with ``target_tau``); off: the target is the pre-update
             policy of each slot.
+        target_update_interval: slots between target policy updates.
+        target_tau: the Polyak weight of the new policy in a target update (1: a copy).
         normalize_advantages: z-score advantages over the slot.
         flush_denormal: each update treats floats below 1.2e-38 as 0
             (``torch.set_flush_denormal``, a per-thread CPU mode, restored when the step ends or

@@ -230,7 +230,8 @@ class Collector:
         config: env, threads, seed, mode of the process.
         policy: the learner's ActorCritic (any device): a CPU copy acts in the process, and its
             sizes must match the task's.
-        num_slots, writer_policy: of the ring (see :mod:`lightning_unilab.runtime.ring`).
+        num_slots: the ring's number of slots (see :mod:`lightning_unilab.runtime.ring`).
+        writer_policy: the ring's writer policy (see :mod:`lightning_unilab.runtime.ring`).
         spec: the rollout spec if already known (else one env is built here to read the sizes).
         version: the version number of ``policy`` (a resumed run continues its numbering).
     """

@@ -188,7 +188,8 @@ class RolloutDataModule(pl.LightningDataModule):
             "init_args": {...}}`` (a recipe's form). The collector process imports the class
             and builds the task; checkpoints keep the class path and init args
             (:mod:`lightning_unilab.envs.tasks.ref`).
-        num_envs, horizon: N envs x T steps per rollout.
+        num_envs: N, the envs of a rollout.
+        horizon: T, the steps of a rollout.
         task_kwargs: further TaskVectorEnv keywords (``params``, ``nonfinite``, ...).
         randomization: reset-time domain randomization (a
             :class:`~lightning_unilab.envs.randomization.Randomization`, e.g. ``G1Randomization``),
