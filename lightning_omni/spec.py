@@ -41,7 +41,16 @@ class OmniSpecError(ValueError):
 
 @dataclass(frozen=True)
 class Modality:
-    """One encoder (projector included) and where its features enter the LLM input."""
+    """One encoder (projector included) and where its features enter the LLM input.
+
+    Attributes:
+        name: the modality's name (unique in the spec; a ``tp_plan`` key for its encoder).
+        encoder: ``(inputs[S], lengths[S]) -> [|S|, L, hidden]``, each sample independent of
+            the others and of its padding.
+        inputs: the batch key of the padded encoder inputs ``[B, L, ...]``.
+        lengths: the batch key of the valid rows per sample ``[B]`` (0: no such input).
+        token_id: the placeholder token id where this modality's features go.
+    """
 
     name: str
     encoder: nn.Module
@@ -52,7 +61,24 @@ class Modality:
 
 @dataclass(frozen=True)
 class OmniSpec:
-    """The parts of a multimodal LLM, in the order the data flows through them."""
+    """The parts of a multimodal LLM, in the order the data flows through them.
+
+    Attributes:
+        modalities: the encoders and where their features go.
+        embedding: token ids ``[B, T]`` -> ``[B, T, hidden]``.
+        blocks: the LLM blocks, each ``[B, T, hidden]`` -> the same shape; the pipeline cuts
+            this list into stages.
+        head: ``[B, T, hidden]`` -> logits.
+        loss: ``loss(logits, batch) -> (sum, count)`` over a (micro)batch.
+        tokens: the batch key of the token ids.
+        block_costs: relative cost of each block for balancing the stages (default: its
+            parameter count).
+        metrics: more ``(sum, count)`` values per step by name, reduced as the loss is.
+        extra: free-form data the runtime does not read.
+        tp_plan: tensor-parallel plans by part (``"embedding"``, ``"blocks"``: each block,
+            ``"head"``, a modality's name: its encoder): module path -> torch
+            ``ParallelStyle`` (see ``lightning_omni.runtime.tensor_parallel``).
+    """
 
     modalities: Sequence[Modality]
     embedding: nn.Module
