@@ -27,7 +27,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightning_omnilab import safe_load
 
-__all__ = ["AtomicCheckpointIO"]
+__all__ = ["AtomicCheckpointIO", "use_atomic_checkpoint_io"]
 
 
 def _is_local_file_protocol(path: Any) -> bool:
@@ -62,3 +62,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 os.unlink(safe_load.digest_path(path))
             except FileNotFoundError:
                 pass
+
+
+def use_atomic_checkpoint_io(strategy: Any) -> bool:
+    """Give ``strategy`` ``AtomicCheckpointIO`` where it has Lightning's default
+    ``TorchCheckpointIO`` (the unilab train command's Trainer, OmniStrategy's plain-file saves and
+    loads); a checkpoint plugin the user chose (``Trainer(plugins=...)``) is kept. Returns
+    whether it was set."""
+    if type(strategy.checkpoint_io) is not TorchCheckpointIO:
+        return False
+    strategy.checkpoint_io = AtomicCheckpointIO()
+    return True

@@ -39,9 +39,8 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from lightning_omnilab.checkpoint_io import AtomicCheckpointIO
+from lightning_omnilab.checkpoint_io import use_atomic_checkpoint_io
 from lightning_omnilab.process_group import ReleaseAtExit
 from lightning_omnilab.validate import positive_int
 from lightning_unilab.last_checkpoint import LastCheckpointAtEnd
@@ -169,11 +168,7 @@ def use_atomic_checkpoints(trainer: Any) -> bool:
     ``TorchCheckpointIO``: a run killed during a save keeps its last complete checkpoint, a full
     disk says so and keeps it, and each checkpoint carries its digest. A checkpoint plugin the
     user chose (``--trainer.plugins``) is kept. Returns whether it was set."""
-    strategy = trainer.strategy
-    if type(strategy.checkpoint_io) is not TorchCheckpointIO:
-        return False
-    strategy.checkpoint_io = AtomicCheckpointIO()
-    return True
+    return use_atomic_checkpoint_io(trainer.strategy)
 
 
 def main(args: list[str] | None = None) -> UniLabCLI:
