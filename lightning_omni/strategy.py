@@ -29,6 +29,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
 from lightning_omnilab import quiet
+from lightning_omnilab.checkpoint_io import use_atomic_checkpoint_io
 from lightning_omnilab.process_group import ReleaseAtExit
 from lightning_omnilab.validate import boolean, fail, one_of, positive_int, positive_number
 
@@ -533,6 +534,7 @@ class OmniStrategy(DDPStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
         if self.engine is None:
+            use_atomic_checkpoint_io(self)  # a plain file: durable, with its digest
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         layout = self.engine.layout
         ckpt.save_sharded(filepath, checkpoint, layout.stage,
@@ -542,6 +544,7 @@ class OmniStrategy(DDPStrategy):
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         if not ckpt.is_sharded(checkpoint_path):
+            use_atomic_checkpoint_io(self)  # a plain file: its digest checked
             return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         stages = ckpt.num_stages(checkpoint_path)
         if stages != self.pipeline_parallel:
