@@ -9,12 +9,14 @@ temporary directory (memory, on a tmpfs). It writes no digest either, so a damag
 caught only as far as torch's reader catches it.
 
 ``AtomicCheckpointIO`` (a ``CheckpointIO`` plugin, Lightning's public hook for this) writes local
-files through ``lightning_omnilab.safe_load.save``: a temporary file beside the checkpoint,
-renamed over it, with its SHA-256 beside it; a full disk raises ``OSError`` naming the file and
-keeps the previous checkpoint. Loading checks the digest (``CorruptCheckpointError``), then
-loads exactly as Lightning does (``weights_only`` as the Trainer passes it). Remote paths
-(``s3://`` ...) are left to Lightning. ``unilab-train`` sets it; elsewhere:
-``Trainer(plugins=[AtomicCheckpointIO()])``.
+files through ``lightning_omnilab.durable`` (``safe_load.save``): a temporary file beside the
+checkpoint, ``fsync``ed, renamed over it, the directory ``fsync``ed, with its SHA-256 beside it
+(``last.ckpt`` too: it is saved again, so replaced in one step); a full disk raises ``OSError``
+naming the file and keeps the previous checkpoint. Loading checks the digest
+(``DigestMismatchError``), then loads exactly as Lightning does (``weights_only`` as the Trainer
+passes it); removing a checkpoint removes its digest. Remote paths (``s3://`` ...) are left to
+Lightning. ``unilab-train`` and ``OmniStrategy`` set it (``use_atomic_checkpoint_io``);
+elsewhere: ``Trainer(plugins=[AtomicCheckpointIO()])``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import fsspec.utils
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from lightning_omnilab import safe_load
+from lightning_omnilab import durable, safe_load
 
 __all__ = ["AtomicCheckpointIO", "use_atomic_checkpoint_io"]
 
@@ -56,12 +58,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                                            weights_only=weights_only)
 
     def remove_checkpoint(self, path: Any) -> None:
-        super().remove_checkpoint(path)
-        if _is_local_file_protocol(path):
-            try:
-                os.unlink(safe_load.digest_path(path))
-            except FileNotFoundError:
-                pass
+        if _is_local_file_protocol(path) and not os.path.isdir(path):
+            durable.remove(path)  # and its digest
+        else:
+            super().remove_checkpoint(path)
 
 
 def use_atomic_checkpoint_io(strategy: Any) -> bool:

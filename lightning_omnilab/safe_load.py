@@ -8,10 +8,11 @@ also under the module paths they had when older checkpoints were written. Anythi
 refused with ``UnsafeCheckpointError`` naming the file and what it holds.
 
 torch's reader catches most damage to a file but not all (a flipped byte inside a tensor or a
-pickled number loads as another value), so ``save`` writes the file atomically with its
-SHA-256 beside it (``<file>.sha256``), and ``load`` checks a file that has one:
-``CorruptCheckpointError`` rather than silently different values. (torch is imported
-where a file is read, so that a torch-free module can ``allow`` its types.)
+pickled number loads as another value), so ``save`` writes the file durably with its SHA-256
+beside it (``lightning_omnilab.durable``), and ``load`` checks a file that has one
+(``lightning_omnilab.digests``): ``DigestMismatchError``, a ``CorruptCheckpointError``, rather
+than silently different values. (torch is imported where a file is read, so that a
+torch-free module can ``allow`` its types.)
 """
 
 from __future__ import annotations
@@ -21,18 +22,18 @@ import pickle
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["CorruptCheckpointError", "UnsafeCheckpointError", "allow", "allowed", "check_digest",
-           "digest_path", "load", "project_types", "save"]
+from lightning_omnilab import durable
+from lightning_omnilab.digests import CorruptCheckpointError, DigestMismatchError, digest_path
+from lightning_omnilab.digests import check as check_digest
+
+__all__ = ["CorruptCheckpointError", "DigestMismatchError", "UnsafeCheckpointError", "allow",
+           "allowed", "check_digest", "digest_path", "load", "project_types", "save"]
 
 _ALLOWED: dict[str, type] = {}  # "module.QualName" -> the type it names
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
     """A checkpoint names a callable or type that weights-only loading does not allow."""
-
-
-class CorruptCheckpointError(ValueError):
-    """A checkpoint file that cannot be read: truncated (an interrupted copy) or corrupted."""
 
 
 # torch's weights-only unpickler says so when a pickle names a global it does not allow
@@ -55,104 +56,15 @@ def allowed() -> list[tuple[type, str]]:
     return [(t, name) for name, t in _ALLOWED.items()]
 
 
-def digest_path(path: str | os.PathLike) -> str:
-    return f"{os.fspath(path)}.sha256"
-
-
-def _sha256(path: str | os.PathLike) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to ``path`` atomically (a temporary file beside it, renamed over it), with
-    its digest. A process killed at any point leaves at ``path`` the old file or the new one,
-    each loadable: while the file is swapped the digest file names both the old file's digest
-    and the new one's (two renames are not one atomic step). A failed write (a full disk:
-    ``OSError`` ``ENOSPC``) removes the temporary file and raises ``OSError`` naming ``path``,
-    with the previous checkpoint there untouched. (torch writes through a Python file here: its
-    own file writer reports a full disk as "unexpected pos ...".)"""
+    """``torch.save`` to ``path`` through ``lightning_omnilab.durable``: atomic, ``fsync``ed, with
+    its digest beside it. A failed write (a full disk: ``OSError`` ``ENOSPC``) raises ``OSError``
+    naming ``path``, with the previous checkpoint there untouched. (torch writes through a
+    Python file here: its own file writer reports a full disk as "unexpected pos ...".)"""
     import torch
 
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    replaced = False
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-        new = _sha256(tmp)
-        _write_digests(path, [*_current_digests(path), new])  # old or new file: both pass
-        os.replace(tmp, path)
-        replaced = True
-        _write_digests(path, [new])
-    except BaseException as err:
-        _remove_quietly(tmp)
-        cause = _os_error(err)  # torch's zip writer reports a failed write as a RuntimeError
-        if cause is None:
-            raise
-        if replaced:
-            raise OSError(cause.errno, f"checkpoint {path}: saved, but its digest file could "
-                                       f"not be rewritten ({cause.strerror or cause}); it "
-                                       "still loads") from err
-        raise OSError(cause.errno, f"checkpoint {path}: not saved ({cause.strerror or cause}); "
-                                   "the previous checkpoint there, if any, is unchanged") from err
-
-
-def _os_error(err: BaseException | None) -> OSError | None:
-    seen = 0
-    while err is not None and seen < 10:
-        if isinstance(err, OSError):
-            return err
-        err, seen = err.__cause__ or err.__context__, seen + 1
-    return None
-
-
-def _current_digests(path: str) -> list[str]:
-    """The digests the file now at ``path`` may have (none: no file there)."""
-    if not os.path.exists(path):
-        return []
-    try:
-        with open(digest_path(path)) as f:
-            return f.read().split()
-    except FileNotFoundError:
-        return [_sha256(path)]  # written without a digest: name its own
-
-
-def _write_digests(path: str, digests: list[str]) -> None:
-    tmp = f"{digest_path(path)}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            f.write("".join(d + "\n" for d in digests))
-        os.replace(tmp, digest_path(path))
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def check_digest(path: str | os.PathLike) -> None:
-    """Raise ``CorruptCheckpointError`` if ``path`` has a digest file (``save`` wrote it) that
-    does not match it; a file without one passes (torch's own checks only)."""
-    try:
-        with open(digest_path(path)) as f:
-            want = f.read().split()
-    except FileNotFoundError:
-        return  # written by someone else: torch's own checks only
-    if _sha256(path) not in want:
-        raise CorruptCheckpointError(
-            f"{os.fspath(path)}: not a readable checkpoint (corrupted?): its SHA-256 does not "
-            f"match {digest_path(path)}")
+    with durable.open_durable(path, what="checkpoint") as f:
+        torch.save(obj, f)
 
 
 def project_types():

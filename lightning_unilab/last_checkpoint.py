@@ -17,6 +17,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_omnilab.checkpoint_io import AtomicCheckpointIO
+
 __all__ = ["LastCheckpointAtEnd"]
 
 
@@ -35,8 +37,11 @@ class LastCheckpointAtEnd(pl.Callback):
                        "epoch": torch.tensor(trainer.current_epoch),
                        "step": torch.tensor(trainer.global_step)}
             path = ckpt.format_checkpoint_name(metrics, ckpt.CHECKPOINT_NAME_LAST)
-            # save_last="link": replace the link, not the periodic checkpoint it points to
-            if trainer.is_global_zero and os.path.islink(path):
+            # save_last="link": replace the link, not the periodic checkpoint it points to.
+            # AtomicCheckpointIO's rename does that in one step; another plugin may write
+            # through the link, so the link goes first
+            durable = isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+            if trainer.is_global_zero and os.path.islink(path) and not durable:
                 os.remove(path)
             trainer.save_checkpoint(path, weights_only=ckpt.save_weights_only)
             ckpt.last_model_path = path

@@ -14,7 +14,10 @@ pipeline stage writes the safetensors shards of the tensors it hosts, under the 
 ``transformers``' ``save_pretrained`` writes (its own key mapping reversed, tied weights once),
 and rank 0 writes ``config.json`` and ``model.safetensors.index.json``. The file plan (which
 tensor in which shard) is computed by every rank from the shapes alone, so no tensor and no
-map crosses ranks; no rank holds more than its stage.
+map crosses ranks; no rank holds more than its stage. The shards and the index are written
+through ``lightning_omnilab.durable`` (atomic, ``fsync``ed, each with its SHA-256 beside it:
+``sha256sum -c *.sha256`` in the directory); reading them back does not check the digests (a
+rank reads only its own tensors' bytes, not whole files).
 
 Names: checkpoint keys are mapped to the model's parameter names by ``transformers``' own
 conversion mapping (``get_model_conversion_mapping`` + ``rename_source_key``, what
@@ -39,6 +42,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from lightning_omnilab import durable
 
 from ..runtime.meta_init import active_recording, draws_on_meta
 
@@ -627,7 +632,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, directory: str | os.PathLik
     final = {temp: f"model-{i + 1:05d}-of-{len(temps):05d}.safetensors"
              for i, temp in enumerate(temps)}
     for temp, name in final.items():
-        os.replace(path / temp, path / name)
+        durable.rename(path / temp, path / name)  # with its digest
     files = {name: final[temp] for name, temp in written.items()}
     _finish(model, path, files, total, count, dtype)
     return files
@@ -637,7 +642,8 @@ def _write_shard(target: Path, shard: dict[str, Tensor]) -> None:
     from safetensors.torch import save_file
 
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in shard.items()}
-    _atomic(target, lambda tmp: save_file(cpu, str(tmp), metadata={"format": "pt"}))
+    with durable.staged(target, what="weights file") as temp:
+        save_file(cpu, temp, metadata={"format": "pt"})
 
 
 def _finish(hf: nn.Module, path: Path, files: dict[str, str], total: int, count: int,
@@ -648,10 +654,10 @@ def _finish(hf: nn.Module, path: Path, files: dict[str, str], total: int, count:
     keep = set(files.values())
     for p in path.glob("model*.safetensors"):
         if p.name not in keep:
-            p.unlink()
+            durable.remove(p)  # and its digest
     index = {"metadata": {"total_parameters": count, "total_size": total},
              "weight_map": dict(sorted(files.items()))}
-    _atomic(path / INDEX, lambda tmp: tmp.write_text(json.dumps(index, indent=2) + "\n"))
+    durable.write_bytes(path / INDEX, json.dumps(index, indent=2) + "\n")
 
 
 def _write_config(hf: nn.Module, path: Path, dtype: torch.dtype | None) -> None:
@@ -667,10 +673,3 @@ def _write_config(hf: nn.Module, path: Path, dtype: torch.dtype | None) -> None:
     generation = getattr(hf, "generation_config", None)
     if generation is not None and hf.can_generate():
         generation.save_pretrained(path)
-
-
-def _atomic(target: Path, write) -> None:
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, target)
-

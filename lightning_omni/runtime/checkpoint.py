@@ -1,11 +1,14 @@
-"""Per-stage checkpoint shards, written atomically, and their consolidation.
+"""Per-stage checkpoint shards, saved durably, and their consolidation.
 
 A checkpoint is a directory: ``stage{s}.pt`` per pipeline stage (written by replica 0's rank of
 that stage: replicas hold identical copies; with model chunks, every chunk of the rank) and
-``complete.json`` (the stage and chunk counts), removed by rank 0 first and written by it
-last, after every shard is in place. Each file is written to a temporary name and renamed, so a
-crash leaves either the old file or the new one, and a directory without ``complete.json`` is
-not a checkpoint.
+``complete.json`` (the stage and chunk counts), each with its SHA-256 beside it
+(``lightning_omnilab.durable``). A save writes every shard into ``.<name>.saving`` beside the
+checkpoint; rank 0 marks it complete once every shard is in place and puts it over the
+checkpoint's path in one step (``durable.replace_directory``). A rank killed at any point
+leaves at the path the previous complete checkpoint (``last.ckpt``, saved again and again) or
+nothing; a directory without ``complete.json`` (an interrupted save of an older version) is
+refused.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lightning_omnilab import safe_load
+from lightning_omnilab import digests, durable, safe_load
 
 MARKER = "complete.json"
 
@@ -28,48 +31,49 @@ def shard_path(directory: str | os.PathLike, stage: int) -> Path:
     return Path(directory) / f"stage{stage}.pt"
 
 
-def atomic_save(obj: Any, path: Path) -> None:
-    """Atomically, with the file's digest beside it (``safe_load.save``)."""
-    safe_load.save(obj, path)
+def staging_path(directory: str | os.PathLike) -> Path:
+    """Where a save to ``directory`` is written before it is put in place (the same on every
+    rank)."""
+    d = Path(directory)
+    return d.with_name(f".{d.name}.saving")
 
 
 def write_shard(directory: str | os.PathLike, stage: int, checkpoint: dict[str, Any]) -> None:
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    atomic_save(checkpoint, shard_path(path, stage))
+    safe_load.save(checkpoint, shard_path(path, stage))
 
 
 def write_marker(directory: str | os.PathLike, pp: int, vpp: int = 1) -> None:
     """Mark a complete sharded checkpoint of ``pp`` stages with ``vpp`` model chunks each
     (the file's keys stay "stages" and "chunks")."""
-    path = Path(directory) / MARKER
-    tmp = path.with_name(f".{MARKER}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"format": "lightning_omni.stage_shards", "stages": pp,
-                               "chunks": vpp}))
-    os.replace(tmp, path)
+    durable.write_bytes(Path(directory) / MARKER, json.dumps(
+        {"format": "lightning_omni.stage_shards", "stages": pp, "chunks": vpp}))
 
 
 def clear_marker(directory: str | os.PathLike) -> None:
-    """Unmark a directory before its shards are replaced: saving again to the same path
-    (``last.ckpt``) must not leave it marked complete while its shards are half old, half new
-    (each shard passes its own digest, so nothing else would notice)."""
-    (Path(directory) / MARKER).unlink(missing_ok=True)
+    """Unmark a directory before its shards are removed: a removal cut short must not leave it
+    marked complete with a shard gone (each shard passes its own digest)."""
+    durable.remove(Path(directory) / MARKER)
 
 
 def save_sharded(directory: str | os.PathLike, checkpoint: dict[str, Any], stage: int, *,
                  writes_shard: bool, rank_zero: bool, pp: int, vpp: int,
                  barrier: Callable[[str], None]) -> None:
-    """One rank's part of a sharded save (every rank calls it): rank 0 unmarks, the stage's
-    writer writes its shard, rank 0 marks it complete once every shard is in place. A rank
-    killed at any point leaves the directory unmarked or whole, never marked over a mix."""
-    if rank_zero:  # an older checkpoint at this path stops being complete first
-        clear_marker(directory)
-    barrier("omni_save_unmark")
+    """One rank's part of a sharded save (every rank calls it): the stage's writer writes its
+    shard into the staging directory, rank 0 marks it complete once every shard is in place and
+    puts it over ``directory`` in one step."""
+    staging = staging_path(directory)
+    if rank_zero:  # a save killed before left its staging directory
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    barrier("omni_save_staging")
     if writes_shard:  # one writer per stage
-        write_shard(directory, stage, checkpoint)
+        write_shard(staging, stage, checkpoint)
     barrier("omni_save_shards")
     if rank_zero:
-        write_marker(directory, pp, vpp)
+        write_marker(staging, pp, vpp)
+        durable.replace_directory(staging, directory)
     barrier("omni_save_marker")
 
 
@@ -81,6 +85,7 @@ def _marker(path: str | os.PathLike) -> dict[str, Any]:
     if not is_sharded(path):
         raise FileNotFoundError(f"checkpoint: {path} is not a complete Omni checkpoint "
                                 f"directory (no {MARKER}; an interrupted save?)")
+    digests.check(Path(path) / MARKER)
     return json.loads((Path(path) / MARKER).read_text())
 
 
@@ -115,11 +120,13 @@ def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def remove(path: str | os.PathLike) -> None:
-    """Remove a checkpoint; a sharded one is unmarked first, so a removal cut short never
-    leaves a directory marked complete with a shard gone."""
+    """Remove a checkpoint and its digests; a sharded one is unmarked first, so a removal cut
+    short never leaves a directory marked complete with a shard gone."""
     p = Path(path)
-    if p.is_dir():
+    if p.is_symlink():  # save_last="link": the link, not the checkpoint it names
+        p.unlink()
+    elif p.is_dir():
         clear_marker(p)
         shutil.rmtree(p)
-    elif p.exists():
-        p.unlink()
+    else:
+        durable.remove(p)  # and its digest

@@ -18,8 +18,8 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
+from lightning_omnilab.durable import open_durable
 from lightning_unilab.motions import quat
-from lightning_unilab.motions.atomic import atomic_write
 
 __all__ = ["ARRAY_KEYS", "MotionClip", "load_clip", "load_motions", "model_body_names",
            "model_joint_names", "resample_weights", "save_clip"]
@@ -266,9 +266,10 @@ def load_motions(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
 
 
 def save_clip(clip: MotionClip, path: str | os.PathLike[str], compress: bool = True) -> None:
-    """Write clip (with its names) to path atomically: a reader never sees half a file."""
+    """Write clip (with its names) to path durably: a reader never sees half a file, and a
+    saved clip survives a power loss (lightning_omnilab.durable)."""
     arrays = {"fps": np.float64(clip.fps), "joint_names": np.array(clip.joint_names, np.str_),
               "body_names": np.array(clip.body_names, np.str_),
               **{k: getattr(clip, k) for k in ARRAY_KEYS}}
-    with atomic_write(path) as f:
+    with open_durable(path, digest=False) as f:  # a data file, not a checkpoint
         (np.savez_compressed if compress else np.savez)(f, **arrays)

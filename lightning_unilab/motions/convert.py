@@ -14,8 +14,8 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
+from lightning_omnilab.durable import open_durable
 from lightning_unilab.motions import quat
-from lightning_unilab.motions.atomic import atomic_write
 from lightning_unilab.motions.clip import (
     MotionClip,
     check_fps,
@@ -139,5 +139,5 @@ def clip_to_csv(clip: MotionClip, csv_path: str | os.PathLike[str], quat_order: 
     b = clip.body_index(root_body or clip.body_names[0])
     rows = np.concatenate([clip.body_pos_w[:, b], clip.body_quat_w[:, b][:, _FROM_WXYZ[quat_order]],
                            clip.joint_pos], axis=1)
-    with atomic_write(csv_path, "w") as f:
+    with open_durable(csv_path, "w", digest=False) as f:
         np.savetxt(f, rows, fmt="%.17g", delimiter=",")

@@ -10,6 +10,7 @@ from lightning_omni.runtime.executor import padded_to_longest, rows_of, split_mi
 from lightning_omni.runtime.layout import make_layout, partition_blocks
 from lightning_omni.runtime.memory import SavedTensorMeter
 from lightning_omni.spec import OmniSpec, OmniSpecError, get_spec
+from lightning_omnilab import safe_load
 
 
 def test_partition_minimizes_the_heaviest_stage():
@@ -98,9 +99,9 @@ def test_checkpoint_files_are_atomic_and_incomplete_ones_refused(tmp_path):
     merged = ckpt.consolidate(d)
     assert merged["a"].tolist() == [1.0, 1.0] and merged["b"].tolist() == [1.0]
     # no temporary file left; each shard with its digest (a damaged shard is refused)
-    assert sorted(p.name for p in d.iterdir()) == ["complete.json", "stage0.pt",
-                                                   "stage0.pt.sha256", "stage1.pt",
-                                                   "stage1.pt.sha256"]
+    assert sorted(p.name for p in d.iterdir()) == ["complete.json", "complete.json.sha256",
+                                                   "stage0.pt", "stage0.pt.sha256",
+                                                   "stage1.pt", "stage1.pt.sha256"]
     raw = bytearray((d / "stage1.pt").read_bytes())
     raw[len(raw) // 2] ^= 0xFF  # one damaged byte
     (d / "stage1.pt").write_bytes(bytes(raw))
@@ -110,9 +111,10 @@ def test_checkpoint_files_are_atomic_and_incomplete_ones_refused(tmp_path):
         ckpt.read_shard(d, 2)
 
 
-def test_a_save_over_an_older_checkpoint_unmarks_it_before_the_shards(tmp_path, monkeypatch):
-    """Killed after one shard of a second save to the same path (last.ckpt): the directory
-    holds one new shard and one old, each with a valid digest; it must not read as complete."""
+def test_a_save_over_an_older_checkpoint_cut_short_keeps_the_older_one_whole(tmp_path,
+                                                                              monkeypatch):
+    """Killed after one shard of a second save to the same path (last.ckpt): the shards went to
+    the staging directory, so the path still holds the older checkpoint, whole."""
     from types import SimpleNamespace
 
     from lightning_omni.strategy import OmniStrategy
@@ -124,8 +126,8 @@ def test_a_save_over_an_older_checkpoint_unmarks_it_before_the_shards(tmp_path, 
     writes = []
 
     def killed_after_the_shard(directory, stage, checkpoint):
-        ckpt.atomic_save(checkpoint, ckpt.shard_path(directory, stage))
-        writes.append(stage)
+        safe_load.save(checkpoint, ckpt.shard_path(directory, stage))
+        writes.append(directory)
         raise SystemExit("killed")  # the process dies before the other stage's shard
 
     monkeypatch.setattr(ckpt, "write_shard", killed_after_the_shard)
@@ -134,10 +136,11 @@ def test_a_save_over_an_older_checkpoint_unmarks_it_before_the_shards(tmp_path, 
                             barrier=lambda name: None)
     with pytest.raises(SystemExit):
         OmniStrategy.save_checkpoint(rank0, {"state_dict": {"a": torch.ones(2)}}, d)
-    assert writes == [0]
-    assert not ckpt.is_sharded(d)
-    with pytest.raises(FileNotFoundError, match="interrupted save"):
-        ckpt.consolidate(d)
+    assert writes == [ckpt.staging_path(d)]
+    assert ckpt.consolidate(d)["a"].tolist() == [0.0, 0.0]  # the older save, digests checked
+    monkeypatch.undo()  # the next save clears the staging directory it left
+    OmniStrategy.save_checkpoint(rank0, {"state_dict": {"a": torch.ones(2)}}, d)
+    assert not ckpt.staging_path(d).exists()
 
 
 def test_an_encoder_that_reads_its_padding_is_refused_at_the_first_batch():
