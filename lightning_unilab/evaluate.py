@@ -53,14 +53,14 @@ import numpy as np
 import torch
 
 from lightning_omnilab import safe_load
-from lightning_omnilab.validate import positive_int
+from lightning_omnilab.validate import fail, positive_int
 from lightning_unilab.envs.randomization import build_randomization
 from lightning_unilab.envs.tasks.evaluation import VELOCITY_METRICS, TaskEvaluation, evaluation_of
 from lightning_unilab.envs.tasks.ref import TaskBuildError, task_label
 
 __all__ = ["CheckpointEvaluation", "Episode", "EvaluationRollout", "TaskMismatchError",
-           "checkpoint_evaluation", "evaluate_seeds", "evaluation_task_kwargs", "plot_episode",
-           "render_episode", "run_episode"]
+           "checkpoint_evaluation", "evaluate_seeds", "evaluation_task_kwargs", "load_checkpoint",
+           "plot_episode", "render_episode", "run_episode", "task_physics"]
 
 _BACKENDS = ("egl", "osmesa")
 
@@ -83,6 +83,10 @@ class Episode:
     task_ref: dict[str, Any] | None = None  # a task class's {class_path, init_args} (renderer)
     # (len(states), nq) qpos of a reference drawn as a ghost in the GIF (a tracking task's clip)
     ghost: np.ndarray | None = None
+    # [T, obs] float32 observations the policy saw and [T, action] actions sent to the task,
+    # step by step (not written to episode.json; the export's sim-to-sim check reads them)
+    observations: np.ndarray | None = None
+    actions: np.ndarray | None = None
     # the task's hooks: series, metrics, plot panels (not written to episode.json)
     evaluation: TaskEvaluation = field(default_factory=TaskEvaluation, repr=False,
                                        compare=False)
@@ -155,12 +159,14 @@ def _play(env: Any, policy: torch.nn.Module, seed: int, steps: int,
     obs, _ = env.reset(seed=seed)
     states = [env.pool.state[0].copy()]
     rewards, terms = [], {name: [] for name in spec.info_names}
+    seen, sent = [], []
     terminated = False
     for _ in range(steps):
+        seen.append(torch.as_tensor(obs, dtype=torch.float32))
         with torch.no_grad():
-            action = policy.act(torch.as_tensor(obs, dtype=torch.float32),
-                                deterministic=deterministic)[0]
-        obs, reward, term, trunc, info = env.step(action.numpy().astype(np.float64))
+            action = policy.act(seen[-1], deterministic=deterministic)[0]
+        sent.append(action.numpy().astype(np.float64))
+        obs, reward, term, trunc, info = env.step(sent[-1])
         rewards.append(float(reward[0]))
         for name in spec.info_names:
             terms[name].append(float(info[name][0]))
@@ -173,7 +179,20 @@ def _play(env: Any, policy: torch.nn.Module, seed: int, steps: int,
     return Episode(task=env.name, rewards=np.asarray(rewards),
                    terms={k: np.asarray(v) for k, v in terms.items()},
                    states=np.stack(states), terminated=terminated, dt=dt,
+                   observations=torch.cat(seen).numpy(), actions=np.concatenate(sent),
                    task_ref=env.task_ref.config() if env.task_ref else None)
+
+
+def task_physics(task: Any, task_kwargs: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
+    """The MuJoCo model an evaluation env of ``task`` runs on (model-level parameters applied)
+    and its TaskSpec, from one env built and closed here."""
+    from lightning_unilab.envs.vector_env import TaskVectorEnv
+
+    env = TaskVectorEnv(task, 1, 1, **dict(task_kwargs or {}))
+    try:
+        return env.model, env.spec
+    finally:
+        env.close()
 
 
 def _check_sizes(policy: torch.nn.Module, task: str, obs_size: int, action_size: int) -> None:
@@ -505,6 +524,33 @@ def checkpoint_evaluation(checkpoint: Mapping[str, Any], task: str | None = None
         seed=seed if seed is not None else int(settings.get("seed", 0)))
 
 
+def load_checkpoint(path: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
+    """A ``lightning_unilab.train`` checkpoint, weights only: its APPOModule (on the CPU) and
+    the checkpoint's dict (the task and the evaluation's settings that
+    :func:`checkpoint_evaluation` reads). A checkpoint naming code other than the project's
+    plain types is refused (``safe_load``), and so is a file that holds no APPO policy, naming
+    what it holds."""
+    from lightning_unilab.learner.appo import APPOModule
+
+    where = os.fspath(path)
+    checkpoint = safe_load.load(where)
+    state = checkpoint.get("state_dict") if isinstance(checkpoint, Mapping) else None
+    expected = ("a lightning_unilab APPO checkpoint (as lightning_unilab.train writes: a "
+                "'state_dict' with the policy's 'policy.*' weights)")
+    if not isinstance(state, Mapping) or not any(str(k).startswith("policy.") for k in state):
+        held = (f"keys {sorted(map(str, checkpoint))[:8]}" if isinstance(checkpoint, Mapping)
+                else f"a {type(checkpoint).__name__}")
+        fail("checkpoint", expected, f"{where} holding {held}")
+    try:
+        with safe_load.project_types():
+            module = APPOModule.load_from_checkpoint(where, map_location="cpu",
+                                                     weights_only=True)
+    except (KeyError, TypeError, RuntimeError) as err:  # other hyperparameters or weights
+        fail("checkpoint", expected, f"{where}, which APPOModule does not load: "
+             f"{type(err).__name__}: {err}")
+    return module, checkpoint
+
+
 def _params(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str, float]:
     params: dict[str, float] = {}
     for item in items:
@@ -553,17 +599,11 @@ def _main(argv: Sequence[str] | None = None) -> None:
     params = _params(ck, args.param)
     if args.episodes < 1:
         ck.error(f"--episodes: expected a positive number of episodes, got {args.episodes}")
-    from lightning_unilab.learner.appo import APPOModule
-
-    # weights only: a checkpoint naming other code than the project's plain types is refused
     try:
-        checkpoint = safe_load.load(args.ckpt)
+        module, checkpoint = load_checkpoint(args.ckpt)
     except (safe_load.UnsafeCheckpointError, safe_load.CorruptCheckpointError,
-            FileNotFoundError) as err:
+            FileNotFoundError, ValueError) as err:
         ck.error(str(err))
-    with safe_load.project_types():
-        module = APPOModule.load_from_checkpoint(args.ckpt, map_location="cpu",
-                                                 weights_only=True)
     try:  # a task class that does not import or build here is named, as a wrong task is
         run = checkpoint_evaluation(checkpoint, args.task, params, args.max_steps, args.seed)
         if args.episodes > 1:

@@ -17,7 +17,6 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import mujoco
 import numpy as np
@@ -56,18 +55,6 @@ def episode_qpos(states: np.ndarray, model: mujoco.MjModel) -> np.ndarray:
     return out
 
 
-def _episode_env(task: Any, task_kwargs: Mapping[str, Any]) -> tuple[mujoco.MjModel, float]:
-    """The model the episode runs on and its control step (s)."""
-    from lightning_unilab.envs.vector_env import TaskVectorEnv
-
-    env = TaskVectorEnv(task, 1, 1, **dict(task_kwargs))
-    try:
-        model = env.model
-        return model, float(model.opt.timestep) * env.spec.frame_skip
-    finally:
-        env.close()
-
-
 def record_clip(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
                 params: Mapping[str, float] | None = None, seconds: float | None = None,
                 seed: int | None = None, allow_fall: bool = False,
@@ -76,18 +63,20 @@ def record_clip(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str] 
     time limit, or the recipe's evaluation cap) and make its trajectory a clip named after out;
     ``bodies``: the bodies to keep (None: all of the model's). Raises ValueError on a fall
     unless allow_fall."""
-    from lightning_omnilab import safe_load
-    from lightning_unilab.evaluate import checkpoint_evaluation, run_episode
-    from lightning_unilab.learner.appo import APPOModule
+    from lightning_unilab.evaluate import (
+        checkpoint_evaluation,
+        load_checkpoint,
+        run_episode,
+        task_physics,
+    )
 
     if seconds is not None and not (np.isfinite(seconds) and seconds > 0):
         raise ValueError(f"--seconds: expected a positive duration, got {seconds!r}")
     where = os.fspath(checkpoint)
-    saved = safe_load.load(where)
-    with safe_load.project_types():
-        module = APPOModule.load_from_checkpoint(where, map_location="cpu", weights_only=True)
+    module, saved = load_checkpoint(where)
     run = checkpoint_evaluation(saved, None, params, None, seed)
-    model, dt = _episode_env(run.task, run.task_kwargs)
+    model, spec = task_physics(run.task, run.task_kwargs)
+    dt = float(model.opt.timestep) * spec.frame_skip
     steps = run.max_steps
     if seconds is not None:
         steps = max(1, int(round(seconds / dt)))

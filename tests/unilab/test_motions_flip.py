@@ -10,7 +10,7 @@ from pathlib import Path
 import mujoco
 import numpy as np
 import pytest
-import torch
+from unilab_models import save_fresh_checkpoint
 
 from lightning_unilab.motions import CLIPS, load_clip
 from lightning_unilab.motions import quat as Q
@@ -152,28 +152,8 @@ def test_generator_and_command_reproduce_the_shipped_clip(model: mujoco.MjModel,
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A freshly initialized g1-walk-flat APPO policy saved as training saves one: its module's
-    state and hyperparameters and the data module's task."""
-    import lightning
-
-    from lightning_unilab.envs.vector_env import TaskVectorEnv
-    from lightning_unilab.learner.appo import APPOModule
-
-    env = TaskVectorEnv(TASK, 1, 1)
-    spec = env.spec
-    env.close()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        module = APPOModule(actor_hidden=(16,), critic_hidden=(16,), obs_size=spec.obs_size,
-                            critic_size=spec.critic_size or None, action_size=spec.action_size)
-        module.setup("fit")
-    ckpt = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
-            "pytorch-lightning_version": lightning.__version__,
-            "datamodule_hyper_parameters": {"task": TASK, "task_kwargs": None}}
-    module.on_save_checkpoint(ckpt)
-    path = tmp_path_factory.mktemp("ckpt") / "fresh.ckpt"
-    torch.save(ckpt, path)
-    return path
+    """A freshly initialized g1-walk-flat APPO policy saved as training saves one."""
+    return save_fresh_checkpoint(tmp_path_factory.mktemp("ckpt") / "fresh.ckpt", TASK)
 
 
 def test_record_writes_the_episode_as_a_clip(checkpoint: Path, model: mujoco.MjModel,

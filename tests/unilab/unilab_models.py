@@ -74,3 +74,41 @@ def load_benchmark(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def save_fresh_checkpoint(path, task: str, *, seed: int = 0, hidden: tuple[int, ...] = (16,),
+                          fold_steps: int = 0):
+    """A freshly initialized APPO policy of ``task`` saved as training saves one (its module's
+    state and hyperparameters, the data module's task), at ``path``. ``fold_steps``: first fold
+    that many steps of 8 envs under uniform random actions in [-0.3, 0.3] into its observation
+    normalizers, so that they are not the identity."""
+    import lightning
+    import torch
+
+    from lightning_unilab.envs.vector_env import TaskVectorEnv
+    from lightning_unilab.learner.appo import APPOModule
+
+    env = TaskVectorEnv(task, 8 if fold_steps else 1, 1, seed=seed)
+    spec = env.spec
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = APPOModule(actor_hidden=hidden, critic_hidden=hidden, obs_size=spec.obs_size,
+                            critic_size=spec.critic_size or None, action_size=spec.action_size)
+        module.setup("fit")
+    if fold_steps:
+        rng = np.random.default_rng(seed)
+        obs, info = env.reset(seed=seed)
+        rows, critic = [obs], [info.get("critic_obs", obs)]
+        for _ in range(fold_steps):
+            obs, _, _, _, info = env.step(rng.uniform(-0.3, 0.3, (8, spec.action_size)))
+            rows.append(obs)
+            critic.append(info.get("critic_obs", obs))
+        module.policy.update_normalizers(torch.as_tensor(np.concatenate(rows)),
+                                         torch.as_tensor(np.concatenate(critic)))
+    env.close()
+    ckpt = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+            "pytorch-lightning_version": lightning.__version__,
+            "datamodule_hyper_parameters": {"task": task, "task_kwargs": None}}
+    module.on_save_checkpoint(ckpt)
+    torch.save(ckpt, path)
+    return path

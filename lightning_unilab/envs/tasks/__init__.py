@@ -92,11 +92,14 @@ class TaskInfo:
 
     ``evaluation``: the evaluator's hooks for the task (:mod:`.evaluation`: parameters switched
     off, series, metrics, plot panels); None: the generic ones.
+
+    ``numpy_task``: the twin's factory, taking the C++ task's parameters (``G1WalkFlat(**params)``:
+    the export asks it for the task's :class:`~.deployment.Deployment`).
     """
 
     name: str
     xml: Callable[[], Path]
-    numpy_task: Callable[[], NumpyTask] | None = None
+    numpy_task: Callable[..., NumpyTask] | None = None
     model_params: Mapping[str, ModelParam] = field(default_factory=dict)
     evaluation: TaskEvaluation | None = None
     # the C++ task's arrays from the env's task_data (g1-motion-tracking's clip library):
@@ -147,10 +150,10 @@ def compile_without_settotalmass(path: Path) -> mujoco.MjModel:
     return model
 
 
-def _g1_tracking_numpy() -> NumpyTask:
+def _g1_tracking_numpy(**params: float) -> NumpyTask:
     from lightning_unilab.envs.tasks.g1_tracking import G1MotionTracking
 
-    return G1MotionTracking()
+    return G1MotionTracking(**params)
 
 
 def _g1_tracking_arrays(model: mujoco.MjModel, params: Mapping[str, float],
@@ -160,10 +163,10 @@ def _g1_tracking_arrays(model: mujoco.MjModel, params: Mapping[str, float],
     return library_arrays(model, params, task_data)
 
 
-def _g1_numpy() -> NumpyTask:
+def _g1_numpy(**params: float) -> NumpyTask:
     from lightning_unilab.envs.tasks.g1_walk import G1WalkFlat
 
-    return G1WalkFlat()
+    return G1WalkFlat(**params)
 
 
 _TASKS: dict[str, TaskInfo] = {

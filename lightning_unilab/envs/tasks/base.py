@@ -21,6 +21,7 @@ from lightning_unilab.envs.tasks.rng import EnvRng
 
 if TYPE_CHECKING:
     from lightning_unilab.envs.pool import BatchEnvPool
+    from lightning_unilab.envs.tasks.deployment import Deployment
     from lightning_unilab.envs.tasks.evaluation import TaskEvaluation
 
 
@@ -131,3 +132,8 @@ class NumpyTask(ABC):
     # the evaluator's hooks (lightning_unilab.envs.tasks.evaluation): what the evaluation switches
     # off, records, reports and plots; None: the generic ones
     evaluation: ClassVar[TaskEvaluation | None] = None
+
+    def deployment(self) -> Deployment | None:
+        """The observation layout, action mapping and control period a robot program needs
+        (:mod:`lightning_unilab.envs.tasks.deployment`; the export's JSON); None: not given."""
+        return None

@@ -21,6 +21,7 @@ import numpy as np
 from lightning_unilab import _core
 from lightning_unilab.envs import terms
 from lightning_unilab.envs.tasks.base import NumpyTask, TaskSpec, Transition
+from lightning_unilab.envs.tasks.deployment import Deployment, ObservationTerm
 from lightning_unilab.envs.tasks.evaluation import VelocityTracking
 from lightning_unilab.envs.tasks.rng import EnvRng
 
@@ -54,6 +55,39 @@ EVALUATION = VelocityTracking(training_only={
 
 
 STEP_RATIO_TOLERANCE = 1e-4  # of ctrl_dt / timestep from a whole number, as in C++
+# the command's components and the parameters bounding each one's draw (Deployment.command)
+COMMAND_PARAMS = {"vx": ("command_vx_min", "command_vx_max"),
+                  "vy": ("command_vy_min", "command_vy_max"),
+                  "yaw_rate": ("command_yaw_min", "command_yaw_max")}
+
+
+def observation_terms(observe_linvel: bool, gait_frequency: float,
+                      base_joint: str) -> tuple[ObservationTerm, ...]:
+    """The actor's observation, term by term in order: :meth:`G1WalkFlat.observe_arrays`
+    concatenates in this order (C++'s Observe writes the same, held equal by the twin's tests),
+    and the export writes it into its JSON for a robot program."""
+    terms_ = [
+        ObservationTerm("gyro", 3, "the pelvis's angular velocity in its own frame (rad/s): "
+                        "the IMU's gyro", {"sensor": "gyro_pelvis"}),
+        ObservationTerm("projected_gravity", 3, "the world's down direction (0, 0, -1) in the "
+                        "pelvis frame, from the floating base's orientation (w, x, y, z)",
+                        {"joint": base_joint}),
+        ObservationTerm("joint_pos", JOINTS, "joint angles minus default_joint_pos (rad), in "
+                        "action order"),
+        ObservationTerm("joint_vel", JOINTS, "joint velocities (rad/s), in action order"),
+        ObservationTerm("last_action", JOINTS, "the action of the previous control step (0 at "
+                        "the start)"),
+        ObservationTerm("command", 3, "the velocity command: forward and lateral speed (m/s) "
+                        "in the pelvis's heading, yaw rate (rad/s)",
+                        {"components": list(COMMAND_PARAMS)}),
+        ObservationTerm("gait_clock", 2, "cos and sin of 2 pi frequency_hz t, t = control "
+                        "steps since the start x the control period",
+                        {"frequency_hz": gait_frequency}),
+    ]
+    if observe_linvel:
+        terms_.append(ObservationTerm("local_linvel", 3, "the pelvis's linear velocity in its "
+                                      "own frame (m/s)", {"sensor": "local_linvel_pelvis"}))
+    return tuple(terms_)
 
 
 def frame_skip(ctrl_dt: float, timestep: float) -> int:
@@ -170,7 +204,6 @@ class G1WalkFlat(NumpyTask):
         if p.observe_linvel not in (0, 1):
             raise ValueError(f"g1-walk-flat: observe_linvel must be 0 or 1, got "
                              f"{p.observe_linvel!r}")
-        self.obs_size = OBS + (3 if p.observe_linvel else 0)
         if not (math.isfinite(p.upper_body_action_factor) and p.upper_body_action_factor >= 0):
             raise ValueError(f"g1-walk-flat: upper_body_action_factor must be a finite number "
                              f">= 0, got {p.upper_body_action_factor!r}")
@@ -185,6 +218,11 @@ class G1WalkFlat(NumpyTask):
         self.push_period = int(p.resample_steps) or self.max_episode_steps
         key = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_KEY, "knees_bent")
         self.robot = terms.Robot.from_model(m, keyframe=key if key >= 0 else None)
+        self.keyframe = "knees_bent" if key >= 0 else None
+        base = next(j for j in range(m.njnt) if m.jnt_qposadr[j] == self.robot.base_qpos)
+        self.obs_terms = observation_terms(bool(p.observe_linvel), p.gait_frequency,
+                                           m.joint(base).name)
+        self.obs_size = sum(t.size for t in self.obs_terms)  # OBS, + 3 with observe_linvel
         self.home = self.robot.default_qpos
         self.default = self.robot.default_joint_pos
         self.s_gyro = terms.sensor_slice(m, "gyro_pelvis")
@@ -238,6 +276,24 @@ class G1WalkFlat(NumpyTask):
                         max_speed=self.p.max_speed,
                         action_low=-np.ones(JOINTS), action_high=np.ones(JOINTS),
                         info_names=self.reward_sum.info_names + SERIES)
+
+    def deployment(self) -> Deployment:
+        """The observation layout, the action mapping of :meth:`controls` and the control
+        period, for the export's JSON and a robot program."""
+        m = self.model()
+        joints = m.actuator_trnid[:, 0]
+        # the observed joints (the robot's, model order) are the actuated ones in action order
+        if not np.array_equal(m.jnt_qposadr[joints], np.arange(m.nq)[self.robot.joint_qpos]):
+            raise ValueError("g1-walk-flat: the model's actuators are not in its joints' order; "
+                             "the observation's joint terms would not be in action order")
+        p = self.p
+        return Deployment(
+            observation=self.obs_terms, joint_names=tuple(m.joint(int(j)).name for j in joints),
+            action_scale=self.action_scale.copy(), default_joint_pos=self.default.copy(),
+            control_dt=self.dt, substeps=self.frame_skip, keyframe=self.keyframe,
+            command=COMMAND_PARAMS,
+            fall={"min_base_height": p.min_base_height, "max_tilt_deg": p.max_tilt_deg},
+            no_fall={"min_base_height": -math.inf, "max_tilt_deg": 180.0})
 
     # ------------------------------------------------------------------ array level
 
@@ -323,12 +379,14 @@ class G1WalkFlat(NumpyTask):
         s = sensordata
         phase = terms.gait_phase(memory[:, STEP], self.dt, self.p.gait_frequency)
         linvel = s[:, self.s_local_linvel]
-        obs = np.concatenate([s[:, self.s_gyro],
-                              terms.projected_gravity(qpos[:, self.robot.base_quat]),
-                              terms.joint_pos_rel(qpos, self.robot),
-                              terms.joint_vel(qvel, self.robot), memory[:, LAST_ACTION],
-                              memory[:, COMMAND], terms.gait_clock(phase),
-                              *([linvel] if self.p.observe_linvel else [])], axis=1)
+        parts = {"gyro": s[:, self.s_gyro],
+                 "projected_gravity": terms.projected_gravity(qpos[:, self.robot.base_quat]),
+                 "joint_pos": terms.joint_pos_rel(qpos, self.robot),
+                 "joint_vel": terms.joint_vel(qvel, self.robot),
+                 "last_action": memory[:, LAST_ACTION], "command": memory[:, COMMAND],
+                 "gait_clock": terms.gait_clock(phase), "local_linvel": linvel}
+        # in the order of obs_terms: the one statement of the layout (the export's JSON too)
+        obs = np.concatenate([parts[t.name] for t in self.obs_terms], axis=1)
         if not critic:
             return obs, None
         contact = terms.contact_found(s, self.s_contact).astype(np.float64)
