@@ -25,7 +25,8 @@ from lightning_unilab.motions.clip import (
     resample_weights,
 )
 
-__all__ = ["QUAT_ORDERS", "clip_to_csv", "csv_to_clip", "qpos_to_clip", "root_body_name"]
+__all__ = ["QUAT_ORDERS", "clip_state", "clip_to_csv", "csv_to_clip", "qpos_to_clip",
+           "root_body_name"]
 
 QUAT_ORDERS = ("xyzw", "wxyz")
 # columns of a wxyz quaternion, for each file order
@@ -90,6 +91,25 @@ def qpos_to_clip(root_pos: np.ndarray, root_quat: np.ndarray, joint_pos: np.ndar
                       joint_pos=joint_pos, joint_vel=joint_vel,
                       body_names=model_body_names(model), body_pos_w=pos, body_quat_w=rot,
                       body_lin_vel_w=vel6[..., 3:], body_ang_vel_w=vel6[..., :3])
+
+
+def clip_state(clip: MotionClip, model: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray]:
+    """(frames, nq) qpos and (frames, nv) qvel of a clip holding the model's root body: its pose
+    and velocity, and the joints' angles and speeds."""
+    root = model.body(int(model.jnt_bodyid[0])).name
+    b = clip.body_index(root)
+    qpos = np.tile(model.qpos0, (clip.num_frames, 1))
+    qvel = np.zeros((clip.num_frames, model.nv))
+    qpos[:, :3] = clip.body_pos_w[:, b]
+    qpos[:, 3:7] = clip.body_quat_w[:, b]
+    qvel[:, :3] = clip.body_lin_vel_w[:, b]
+    # the free joint's angular velocity is in the body's frame
+    qvel[:, 3:6] = quat.rotate(quat.conj(clip.body_quat_w[:, b]), clip.body_ang_vel_w[:, b])
+    for i, name in enumerate(clip.joint_names):
+        joint = model.joint(name)
+        qpos[:, joint.qposadr[0]] = clip.joint_pos[:, i]
+        qvel[:, joint.dofadr[0]] = clip.joint_vel[:, i]
+    return qpos, qvel
 
 
 def csv_to_clip(csv_path: str | os.PathLike[str], model: mujoco.MjModel, fps: float,

