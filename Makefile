@@ -7,7 +7,7 @@ STAMP := $(VENV)/.omnilab-installed
 SOURCES := pyproject.toml CMakeLists.txt $(shell find cpp -name '*.cc' -o -name '*.h' 2>/dev/null)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test bench fuzz lint clean
+.PHONY: setup demo test bench fuzz lint docs clean
 
 setup: $(STAMP)
 
@@ -55,6 +55,11 @@ fuzz: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# the documentation site into build/site (mkdocs.yml): every link, anchor, docstring and
+# command's --help checked; tests/test_docs_site.py runs the same build in make test
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .ruff_cache
