@@ -1,7 +1,7 @@
 """Durable saves: a file is replaced whole, stays saved through a power loss, and carries its
-SHA-256 beside it (``lightning_omnilab.digests``). Every file the project writes to keep
-(Lightning's checkpoints, OmniStrategy's shards, exported weights, motion clips) goes through
-``staged``.
+SHA-256 beside it (``lightning_omnilab.digests``). Every checkpoint the project writes
+(Lightning's, through ``AtomicCheckpointIO``; OmniStrategy's shards), and the weights and motion
+clips it exports, go through ``staged`` or ``open_durable``.
 
 ``os.replace`` alone keeps a killed process from leaving half a file, not a power loss: the
 bytes and the rename may still be in the page cache, so after "saved" the file or its
