@@ -5,7 +5,9 @@ as it is, the API reference would show the class twice (at the package, and agai
 module). For every package named in ``faces``, each name of its ``__all__`` that comes from one
 of its own submodules is documented at the package only: the alias is marked public and the
 object in its defining module private, so the ``filters: public`` of mkdocstrings skips it
-there. Everything else keeps griffe's rules (``__all__``, underscores, imports are private).
+there. A package's ``__main__`` (its command, documented with its ``--help`` on the Commands
+page) is left out too. Everything else keeps griffe's rules (``__all__``, underscores, imports
+are private).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class Faces(griffe.Extension):
         self.faces = list(faces)
 
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        _hide_main(pkg)
         for path in self.faces:
             if path.split(".")[0] != pkg.name:
                 continue
@@ -36,3 +39,12 @@ class Faces(griffe.Extension):
                 if target.path.startswith(face.path + "."):
                     member.public = True
                     target.public = False
+
+
+def _hide_main(module: griffe.Module) -> None:
+    for member in module.members.values():
+        if not member.is_alias and member.is_module:
+            if member.name == "__main__":
+                member.public = False
+            else:
+                _hide_main(member)
