@@ -26,6 +26,7 @@ from lightning_unilab.motions.checks import clip_report
 from lightning_unilab.motions.clip import load_clip, save_clip
 from lightning_unilab.motions.convert import QUAT_ORDERS, clip_to_csv, csv_to_clip, root_body_name
 from lightning_unilab.motions.flip import flip_report, make_flip
+from lightning_unilab.motions.floor import floor_demand
 from lightning_unilab.motions.keyframes import TRACKED_BODIES, make_dance
 
 DEFAULT_MODEL = "g1-walk-flat"
@@ -126,6 +127,8 @@ def _run(args: argparse.Namespace) -> None:
         clip = load_clip(args.npz, model)
         print(f"{clip.path} ({clip.name})")
         print("\n".join(clip_report(clip, model).lines()))
+        if root_body_name(model) in clip.body_names:
+            print("\n".join(floor_demand(clip, model).lines()))
     else:
         clip = (make_dance if args.command == "make-dance" else make_flip)(model, args.npz)
         print(f"{args.npz}: {clip.num_frames} frames at {clip.fps:g} fps, "

