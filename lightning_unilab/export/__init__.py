@@ -7,13 +7,24 @@
 - :mod:`.mujoco_loop`: that file and JSON in a plain MuJoCo loop, as a robot program runs them;
 - :mod:`.sim2sim`: the loop against the training stack's evaluation, and a fall check.
 
+Names are imported on first use, so that ``lightning_unilab.export.mujoco_loop`` runs an ONNX
+file with mujoco, numpy and onnxruntime alone (no torch, no Lightning), as on a robot.
 docs/unilab/export.md has the commands, the JSON by example and the measured numbers.
 """
 
-from lightning_unilab.export.checkpoint import Export, export_checkpoint
-from lightning_unilab.export.formats import FORMATS, load_runner
-from lightning_unilab.export.mujoco_loop import LoopResult, MujocoPolicyLoop, read_export
-from lightning_unilab.export.sim2sim import compare_with_evaluation, walk
+from __future__ import annotations
 
-__all__ = ["FORMATS", "Export", "LoopResult", "MujocoPolicyLoop", "compare_with_evaluation",
-           "export_checkpoint", "load_runner", "read_export", "walk"]
+import importlib
+from typing import Any
+
+_WHERE = {"Export": "checkpoint", "export_checkpoint": "checkpoint", "FORMATS": "formats",
+          "load_runner": "formats", "LoopResult": "mujoco_loop", "MujocoPolicyLoop": "mujoco_loop",
+          "read_export": "mujoco_loop", "compare_with_evaluation": "sim2sim", "walk": "sim2sim"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

@@ -65,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{done.model}: {done.description['format']}, max abs diff "
                   f"{v['max_abs_diff']:.3g} against the evaluation's actor on "
                   f"{v['observations']} observations ({v['runtime']}), "
-                  f"{done.description['export_seconds']:.1f} s; {done.json}")
+                  f"{done.description['export_seconds']:.1f} s "
+                  f"({done.description['export_cpu_seconds']:.1f} s CPU); {done.json}")
             return 0
         report = {"compare": compare_with_evaluation(args.export_json, args.steps,
                                                      args.command, args.seed)}

@@ -214,3 +214,21 @@ def test_the_commands(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
         main(["sim2sim", str(tmp_path / "policy.pt.json"), "--command", "0.5"])
     assert "command: expected one value per command component (['vx', 'vy', 'yaw_rate'])" in \
         capsys.readouterr().err
+
+
+def test_the_loop_runs_onnx_without_torch_or_lightning(exports: dict[str, Path]) -> None:
+    """The deploy side (the loop, the walk check, the example) imports mujoco, numpy and
+    onnxruntime: what a robot's computer has, not the training stack."""
+    import subprocess
+    import sys
+
+    example = Path(__file__).parents[2] / "examples" / "deploy" / "g1_mujoco.py"
+    code = ("import runpy, sys, json; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__'); "
+            "print(json.dumps(sorted(m for m in ('torch', 'lightning') if m in sys.modules)))")
+    run = subprocess.run([sys.executable, "-c", code, str(example), str(exports["onnx"]),
+                          "--seconds", "0.2"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    walked, loaded = run.stdout.strip().splitlines()[-2:]
+    assert json.loads(walked)["seconds"] == pytest.approx(0.2)
+    assert json.loads(loaded) == []

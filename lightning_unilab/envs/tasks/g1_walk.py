@@ -61,11 +61,12 @@ COMMAND_PARAMS = {"vx": ("command_vx_min", "command_vx_max"),
                   "yaw_rate": ("command_yaw_min", "command_yaw_max")}
 
 
-def observation_terms(observe_linvel: bool, gait_frequency: float,
-                      base_joint: str) -> tuple[ObservationTerm, ...]:
+def observation_terms(observe_linvel: bool, gait_frequency: float, base_joint: str,
+                      command_range: list[list[float]]) -> tuple[ObservationTerm, ...]:
     """The actor's observation, term by term in order: :meth:`G1WalkFlat.observe_arrays`
     concatenates in this order (C++'s Observe writes the same, held equal by the twin's tests),
-    and the export writes it into its JSON for a robot program."""
+    and the export writes it into its JSON for a robot program (``command_range``: each
+    command component's [low, high], the range training drew from)."""
     terms_ = [
         ObservationTerm("gyro", 3, "the pelvis's angular velocity in its own frame (rad/s): "
                         "the IMU's gyro", {"sensor": "gyro_pelvis"}),
@@ -79,7 +80,7 @@ def observation_terms(observe_linvel: bool, gait_frequency: float,
                         "the start)"),
         ObservationTerm("command", 3, "the velocity command: forward and lateral speed (m/s) "
                         "in the pelvis's heading, yaw rate (rad/s)",
-                        {"components": list(COMMAND_PARAMS)}),
+                        {"components": list(COMMAND_PARAMS), "range": command_range}),
         ObservationTerm("gait_clock", 2, "cos and sin of 2 pi frequency_hz t, t = control "
                         "steps since the start x the control period",
                         {"frequency_hz": gait_frequency}),
@@ -220,8 +221,9 @@ class G1WalkFlat(NumpyTask):
         self.robot = terms.Robot.from_model(m, keyframe=key if key >= 0 else None)
         self.keyframe = "knees_bent" if key >= 0 else None
         base = next(j for j in range(m.njnt) if m.jnt_qposadr[j] == self.robot.base_qpos)
+        bounds = [[getattr(p, low), getattr(p, high)] for low, high in COMMAND_PARAMS.values()]
         self.obs_terms = observation_terms(bool(p.observe_linvel), p.gait_frequency,
-                                           m.joint(base).name)
+                                           m.joint(base).name, bounds)
         self.obs_size = sum(t.size for t in self.obs_terms)  # OBS, + 3 with observe_linvel
         self.home = self.robot.default_qpos
         self.default = self.robot.default_joint_pos
