@@ -45,7 +45,7 @@ from torch.nn import functional as F
 
 from lightning_omni.plan.schedule import COMPUTE_KINDS, Kind
 from lightning_omni.plan.simulate import simulate
-from lightning_omni.runtime import OmniEngine, make_layout
+from lightning_omni.runtime import OmniEngine, ParallelDims, parallelize
 from lightning_omni.runtime.metrics import measured_costs
 from lightning_omni.spec import Modality, OmniSpec
 
@@ -177,9 +177,10 @@ def _worker(rank: int, port: int, warmup: int, steps: int, out_dir: str) -> None
     result: dict = {"slowdown_before": _parallel_slowdown()}
     for schedule in SCHEDULES:
         spec = make_spec()
-        layout = make_layout(2, rank, 2, 1, spec.costs_of_blocks())
-        engine = OmniEngine(spec, layout, schedule, NUM_MB, timedelta(seconds=300),
-                            torch.device("cpu"))
+        dims = ParallelDims(pp=2, dp=1, num_microbatches=NUM_MB,
+                            schedule=schedule).for_world(2, 2)
+        engine = parallelize(spec, dims, dims.layout(rank, spec.costs_of_blocks()),
+                             torch.device("cpu"), timedelta(seconds=300))
         opt = torch.optim.SGD([p for m in (spec.embedding, spec.head, *spec.blocks,
                                            spec.modalities[0].encoder) for p in m.parameters()],
                               lr=1e-3)
@@ -381,8 +382,6 @@ def lssp_batches(rank: int, cfg: dict) -> dict[str, list[int]]:
 def _lssp_worker(rank: int, port: int, cfg: dict, out_dir: str) -> None:
     from omni_lssp_reorder import calibrate
 
-    from lightning_omni.plan.lssp_schedule import GroupOptions
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2, timeout=timedelta(seconds=300))
@@ -390,19 +389,19 @@ def _lssp_worker(rank: int, port: int, cfg: dict, out_dir: str) -> None:
     box = [calibrate(spec.modalities[0].encoder, 64, cfg["long"]) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)  # one plan everywhere needs one cost model
     cost = box[0]
-    heads = spec.modalities[0].encoder.heads
     modes = {"dp_only": (False, True), "lssp": (True, True), "no_reorder": None,
              "reorder": (False, True)}
     result: dict = {"cost_model": [cost.seconds_per_token, cost.seconds_per_token_pair]}
     for name, lengths in lssp_batches(rank, cfg).items():
         flags = modes[name]
-        opts = None if flags is None else GroupOptions(
-            flags[0], flags[1], (0, 0), (heads,), cost.seconds_per_token,
-            cost.seconds_per_token_pair)
+        lssp, reorder = flags or (False, False)
+        dims = ParallelDims(pp=1, dp=2, num_microbatches=1, lssp=lssp, reorder=reorder,
+                            locality_groups=(0, 0), encoder_cost=(cost.seconds_per_token,
+                                                                  cost.seconds_per_token_pair),
+                            ulysses_backend=cfg["backend"]).for_world(2, 2)
         spec = make_lssp_spec()
-        layout = make_layout(2, rank, 1, 2, spec.costs_of_blocks())
-        engine = OmniEngine(spec, layout, "uniform_insertion", 1, timedelta(seconds=300),
-                            torch.device("cpu"), opts, cfg["backend"])
+        engine = parallelize(spec, dims, dims.layout(rank, spec.costs_of_blocks()),
+                             torch.device("cpu"), timedelta(seconds=300))
         params = [p for m in (spec.embedding, spec.head, *spec.blocks,
                               spec.modalities[0].encoder) for p in m.parameters()]
         opt = torch.optim.SGD(params, lr=1e-3)

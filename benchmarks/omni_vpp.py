@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_omni.plan.simulate import simulate
-from lightning_omni.runtime import OmniEngine, make_layout
+from lightning_omni.runtime import ParallelDims, parallelize
 from lightning_omni.runtime.metrics import measured_costs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # omni_runtime: model and data
@@ -68,9 +68,10 @@ def _worker(rank: int, port: int, warmup: int, steps: int, out_dir: str) -> None
         for vpp in CHUNKS:
             torch.manual_seed(0)
             spec = make_spec()
-            layout = make_layout(2, rank, 2, 1, spec.costs_of_blocks(), vpp=vpp)
-            engine = OmniEngine(spec, layout, schedule, NUM_MB, timedelta(seconds=300),
-                                torch.device("cpu"))
+            dims = ParallelDims(pp=2, dp=1, vpp=vpp, num_microbatches=NUM_MB,
+                                schedule=schedule).for_world(2, 2)
+            engine = parallelize(spec, dims, dims.layout(rank, spec.costs_of_blocks()),
+                                 torch.device("cpu"), timedelta(seconds=300))
             params = [p for m in (spec.embedding, spec.head, *spec.blocks,
                                   spec.modalities[0].encoder) for p in m.parameters()]
             runs[data, schedule, vpp] = (engine, torch.optim.SGD(params, lr=1e-3))

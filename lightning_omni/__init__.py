@@ -1,9 +1,10 @@
 """MegaScale-Omni for Lightning: plans for encoder-LLM multiplexing, and their runtime.
 
 The package face imports nothing heavy: ``lightning_omni.plan`` and ``omni-plan`` are pure and
-must not pay for torch and Lightning. ``OmniStrategy``, ``OmniSpec``, ``Modality`` and
-``OmniSpecError`` load on first use, and ``Trainer(strategy="omni")`` works once the package is
-imported (``_registration``), whether Lightning was imported before or after it.
+must not pay for torch and Lightning. ``OmniStrategy``, ``ParallelDims``, ``OmniSpec``,
+``Modality`` and ``OmniSpecError`` load on first use, and ``Trainer(strategy="omni")`` works
+once the package is imported (``_registration``), whether Lightning was imported before or
+after it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 from ._registration import register_when_lightning_loads
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
+    from .runtime.parallel_dims import ParallelDims
     from .spec import Modality, OmniSpec, OmniSpecError
     from .strategy import OmniStrategy
 
 # name -> submodule that defines it; imported on first attribute access (PEP 562)
 _LAZY = {"Modality": "spec", "OmniSpec": "spec", "OmniSpecError": "spec",
-         "OmniStrategy": "strategy"}
+         "OmniStrategy": "strategy", "ParallelDims": "runtime.parallel_dims"}
 
 
 def __getattr__(name: str) -> Any:
@@ -36,4 +38,4 @@ def __dir__() -> list[str]:
 
 register_when_lightning_loads()
 
-__all__ = ["Modality", "OmniSpec", "OmniSpecError", "OmniStrategy", "plan"]
+__all__ = ["Modality", "OmniSpec", "OmniSpecError", "OmniStrategy", "ParallelDims", "plan"]

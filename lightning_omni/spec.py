@@ -77,7 +77,7 @@ class OmniSpec:
         extra: free-form data the runtime does not read.
         tp_plan: tensor-parallel plans by part (``"embedding"``, ``"blocks"``: each block,
             ``"head"``, a modality's name: its encoder): module path -> torch
-            ``ParallelStyle`` (see ``lightning_omni.runtime.tensor_parallel``).
+            ``ParallelStyle`` (see ``lightning_omni.tp_plan``).
     """
 
     modalities: Sequence[Modality]
@@ -92,7 +92,7 @@ class OmniSpec:
         field(default_factory=dict)
     extra: dict = field(default_factory=dict)
     # tensor-parallel plans by part ("embedding", "blocks": each block, "head", a modality's
-    # name: its encoder): module path -> torch ParallelStyle (see runtime.tensor_parallel)
+    # name: its encoder): module path -> torch ParallelStyle (see tp_plan)
     tp_plan: Mapping[str, Mapping[str, ParallelStyle]] | None = None
 
     def validate(self, pipeline_parallel: int) -> None:
@@ -123,7 +123,7 @@ class OmniSpec:
             _expect(len(self.block_costs) == len(blocks) and all(c > 0 for c in self.block_costs),
                     "block_costs", f"{len(blocks)} positive numbers", list(self.block_costs))
         if self.tp_plan is not None:
-            from .runtime.tensor_parallel import check_tp_plan
+            from .tp_plan import check_tp_plan
 
             check_tp_plan(self)
 
@@ -299,7 +299,7 @@ class _PartRunner:
 def _loss_context(spec: OmniSpec) -> AbstractContextManager:
     if spec.tp_plan is None:
         return nullcontext()
-    from .runtime.tensor_parallel import loss_context
+    from .tp_plan import loss_context
 
     return loss_context(spec)
 

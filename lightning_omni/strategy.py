@@ -31,22 +31,20 @@ from torch import Tensor
 from lightning_omnilab import quiet
 from lightning_omnilab.checkpoint_io import use_atomic_checkpoint_io
 from lightning_omnilab.process_group import ReleaseAtExit
-from lightning_omnilab.validate import boolean, fail, one_of, positive_int, positive_number
+from lightning_omnilab.validate import ArgumentTypeError, boolean, fail
 
 from . import _registration
 from .checks import check_module, check_precision, check_trainer
-from .plan.interleaved import check_interleaving
-from .plan.lssp_schedule import GroupOptions
 from .runtime import checkpoint as ckpt
-from .runtime.engine import SCHEDULES, OmniEngine, StepResult, sync_parameters
+from .runtime.engine import OmniEngine, StepResult, sync_parameters
 from .runtime.executor import StepMode
 from .runtime.hosting import param_hosting
-from .runtime.layout import make_layout
+from .runtime.layout import Layout
 from .runtime.meta_init import InitRecording, MetaInitError, RecordInit, capture_rng, materialize
 from .runtime.metrics import step_metrics
-from .runtime.splittable import splittable_heads
+from .runtime.parallel_dims import ParallelDims, check_microbatches
+from .runtime.parallelize import parallelize
 from .runtime.tp_stage import full, full_optimizer_state, reshard, reshard_optimizer_state
-from .runtime.ulysses import BACKENDS
 from .spec import OmniSpec, get_spec
 
 log = logging.getLogger(__name__)
@@ -59,7 +57,9 @@ quiet.drop_deepspeed_cpu_accelerator_notice()
 
 
 class OmniStrategy(DDPStrategy):
-    """Pipeline x data parallel training of an ``OmniSpec`` module with encoder multiplexing.
+    """Pipeline x data x tensor parallel training of an ``OmniSpec`` module with encoder
+    multiplexing. The layout is a ``ParallelDims`` (made from the keywords below, or given as
+    ``dims``); at setup ``runtime.parallelize`` shards the module and builds the engine.
 
     Args:
         pipeline_parallel: LLM pipeline stages per replica.
@@ -102,6 +102,12 @@ class OmniStrategy(DDPStrategy):
             (default: equal). Below it, each TP group runs ``tensor_parallel //
             encoder_tensor_parallel`` encoder lanes, each encoding its share of the samples
             (1: plain encoders, one lane per TP rank).
+        dims: the same layout as one ``ParallelDims`` (``lightning_omni.ParallelDims``),
+            instead of the keywords above (``pipeline_parallel`` ... ``encoder_recompute``):
+            ``ParallelDims(pp=2, tp=2, encoder_tp=1)`` is ``pipeline_parallel=2,
+            tensor_parallel=2, encoder_tensor_parallel=1``. Either way the layout is
+            validated once, here, and is ``self.dims``; the keyword names stay readable as
+            attributes (``strategy.pipeline_parallel``).
         **kwargs: passed on to Lightning's ``DDPStrategy`` (e.g. ``process_group_backend``,
             ``cluster_environment``, ``checkpoint_io``).
     """
@@ -119,58 +125,58 @@ class OmniStrategy(DDPStrategy):
                  recompute: bool = False, encoder_recompute: bool = False,
                  virtual_pipeline_parallel: int = 1,
                  tensor_parallel: int = 1, encoder_tensor_parallel: int | None = None,
-                 **kwargs: Any) -> None:
-        positive_int("pipeline_parallel", pipeline_parallel)
-        positive_int("tensor_parallel", tensor_parallel)
-        positive_int("encoder_tensor_parallel", encoder_tensor_parallel, none_ok=True)
-        positive_int("data_parallel", data_parallel, none_ok=True)
-        one_of("schedule", schedule, SCHEDULES)
-        positive_int("num_microbatches", num_microbatches, none_ok=True)
-        positive_number("lssp_max_rows", lssp_max_rows, none_ok=True)
-        if len(encoder_cost) != 2 or any(c < 0 for c in encoder_cost) or sum(encoder_cost) <= 0:
-            fail("encoder_cost", "(a, b) >= 0, not both 0", encoder_cost)
-        one_of("ulysses_backend", ulysses_backend, BACKENDS)
-        one_of("zero_stage", zero_stage, (0, 1), expected="0 (replicated optimizer state) or 1 "
-               "(sharded over each stage's data-parallel group)")
+                 dims: ParallelDims | None = None, **kwargs: Any) -> None:
+        from_keywords = ParallelDims(
+            pp=pipeline_parallel, dp=data_parallel, tp=tensor_parallel,
+            encoder_tp=encoder_tensor_parallel, vpp=virtual_pipeline_parallel,
+            num_microbatches=num_microbatches, schedule=schedule, stage_blocks=stage_blocks,
+            lssp=lssp, reorder=reorder, locality_groups=locality_groups,
+            lssp_max_rows=lssp_max_rows, encoder_cost=encoder_cost,
+            ulysses_backend=ulysses_backend, zero_stage=zero_stage, recompute=recompute,
+            encoder_recompute=encoder_recompute)
+        if dims is not None:
+            if not isinstance(dims, ParallelDims):
+                fail("dims", "a ParallelDims", type(dims).__name__, ArgumentTypeError)
+            if from_keywords != ParallelDims():
+                fail("dims", "the layout given once: as dims or as keyword arguments "
+                     f"(pipeline_parallel=, ...), not both; the keywords said {from_keywords}",
+                     str(dims))
         boolean("meta_init", meta_init)
-        boolean("lssp", lssp)
-        boolean("reorder", reorder)
-        boolean("recompute", recompute)
-        boolean("encoder_recompute", encoder_recompute)
-        positive_int("virtual_pipeline_parallel", virtual_pipeline_parallel)
-        check_interleaving(pipeline_parallel, num_microbatches or 2 * pipeline_parallel,
-                           virtual_pipeline_parallel, names=_INTERLEAVING_NAMES)
-        _check_tensor_parallel(tensor_parallel, encoder_tensor_parallel)
         super().__init__(timeout=timeout, **kwargs)
-        self.virtual_pipeline_parallel = virtual_pipeline_parallel
-        self.tensor_parallel = tensor_parallel
-        self.encoder_tensor_parallel = (tensor_parallel if encoder_tensor_parallel is None
-                                        else encoder_tensor_parallel)
-        self.zero_stage = zero_stage
+        # every degree and option of the layout, validated; ``for_world`` fills in ``dp``
+        self.dims: ParallelDims = dims or from_keywords
         self.meta_init = meta_init
         self._init_recording: InitRecording | None = None
         self._built_here = False  # this rank materialized its stage from a meta build
         self._elsewhere: dict[int, tuple[int, ...]] = {}  # shapes of what it never built
-        self._meta_layout = None  # the layout fixed before a meta build was materialized
+        self._meta_layout: Layout | None = None  # fixed before a meta build was materialized
         # (sources, ids not hosted) of pretrained weights read once TP has sharded the stage
         self._pretrained: tuple[list, set[int]] | None = None
         self.pretrained_loads: list = []  # what this rank read of pretrained weights (reports)
-        self.lssp, self.reorder = lssp, reorder
-        self.recompute, self.encoder_recompute = recompute, encoder_recompute
-        self.locality_groups = None if locality_groups is None else list(locality_groups)
-        self.lssp_max_rows = lssp_max_rows
-        self.encoder_cost = (float(encoder_cost[0]), float(encoder_cost[1]))
-        self.ulysses_backend = ulysses_backend
-        self.pipeline_parallel = pipeline_parallel
-        self.data_parallel = data_parallel
-        self.schedule = schedule
-        self.num_microbatches = num_microbatches or 2 * pipeline_parallel
-        self.stage_blocks = stage_blocks
         self.omni_timeout = timeout
         self.engine: OmniEngine | None = None
         self.spec: OmniSpec | None = None
         self.last_step: StepResult | None = None
         self._release = ReleaseAtExit()  # the process group, once a run has ended cleanly
+
+    # the keyword names, read-only, as ``self.dims`` holds them (docs/architecture.md)
+    pipeline_parallel = property(lambda self: self.dims.pp)
+    data_parallel = property(lambda self: self.dims.dp)
+    tensor_parallel = property(lambda self: self.dims.tp)
+    encoder_tensor_parallel = property(lambda self: self.dims.encoder_tp)
+    virtual_pipeline_parallel = property(lambda self: self.dims.vpp)
+    num_microbatches = property(lambda self: self.dims.num_microbatches)
+    schedule = property(lambda self: self.dims.schedule)
+    stage_blocks = property(lambda self: _as_list(self.dims.stage_blocks))
+    lssp = property(lambda self: self.dims.lssp)
+    reorder = property(lambda self: self.dims.reorder)
+    locality_groups = property(lambda self: _as_list(self.dims.locality_groups))
+    lssp_max_rows = property(lambda self: self.dims.lssp_max_rows)
+    encoder_cost = property(lambda self: self.dims.encoder_cost)
+    ulysses_backend = property(lambda self: self.dims.ulysses_backend)
+    zero_stage = property(lambda self: self.dims.zero_stage)
+    recompute = property(lambda self: self.dims.recompute)
+    encoder_recompute = property(lambda self: self.dims.encoder_recompute)
 
     # -- checks before processes and process groups exist --------------------------------
     def connect(self, model) -> None:
@@ -182,18 +188,7 @@ class OmniStrategy(DDPStrategy):
         return self.num_nodes * self.num_processes
 
     def setup_environment(self) -> None:
-        world, tp = self._world(), self.tensor_parallel
-        dp = self.data_parallel or max(1, world // (self.pipeline_parallel * tp))
-        if tp > 1 and self.pipeline_parallel * dp * tp != world:
-            raise ValueError(f"pipeline_parallel * data_parallel * tensor_parallel: expected the "
-                             f"world size {world} (devices * num_nodes), got "
-                             f"{self.pipeline_parallel} * {dp} * {tp} = "
-                             f"{self.pipeline_parallel * dp * tp}")
-        if self.pipeline_parallel * dp * tp != world:
-            raise ValueError(f"pipeline_parallel * data_parallel: expected the world size {world} "
-                             f"(devices * num_nodes), got {self.pipeline_parallel} * {dp} = "
-                             f"{self.pipeline_parallel * dp}")
-        self.data_parallel = dp
+        self.dims = self.dims.for_world(self._world(), self.num_processes)
         super().setup_environment()
         self._release.arm()
 
@@ -276,7 +271,7 @@ class OmniStrategy(DDPStrategy):
         # the layout balances blocks by parameter counts: fixed now, while every rank still
         # sees the full shapes (afterwards the blocks hosted elsewhere are empty here)
         self._meta_layout = layout = self._layout(spec)
-        hosting = param_hosting(spec, layout, self.schedule)
+        hosting = param_hosting(spec, layout, self.dims.schedule)
         elsewhere = [p for p, h in zip(hosting.params, hosting.holders, strict=True)
                      if layout.rank not in h]
         recording.cpu_rng, recording.cuda_rng = self.broadcast(
@@ -296,11 +291,9 @@ class OmniStrategy(DDPStrategy):
         self._init_recording = None
         return True
 
-    def _layout(self, spec: OmniSpec):
-        spec.validate(self.pipeline_parallel)
-        return make_layout(self._world(), self.global_rank, self.pipeline_parallel,
-                           self.data_parallel, spec.costs_of_blocks(), self.stage_blocks,
-                           vpp=self.virtual_pipeline_parallel, tp=self.tensor_parallel)
+    def _layout(self, spec: OmniSpec) -> Layout:
+        spec.validate(self.dims.pp)
+        return self.dims.layout(self.global_rank, spec.costs_of_blocks())
 
     # -- model: no wrapper; one engine per module and layout ----------------------------------
     def setup(self, trainer) -> None:
@@ -318,10 +311,9 @@ class OmniStrategy(DDPStrategy):
             self._pretrained = None
             self.pretrained_loads = [source.load(skip, self.root_device, sharded=True)
                                      for source in sources]
-        self.engine.set_recompute(self.recompute, self.encoder_recompute)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
-            if self.zero_stage == 1:
+            if self.dims.zero_stage == 1:
                 self._shard_optimizers()
         self.setup_precision_plugin()
 
@@ -359,95 +351,45 @@ class OmniStrategy(DDPStrategy):
 
     def _engine_for(self, module) -> OmniEngine:
         """This strategy's engine; a module already split by another OmniStrategy of the same
-        layout keeps that one (its other stages' parameters are gone)."""
-        key = (self._world(), self.global_rank, self.pipeline_parallel, self.data_parallel,
-               self.schedule, self.num_microbatches, self.lssp, self.reorder,
-               self.virtual_pipeline_parallel, self.tensor_parallel,
-               self.encoder_tensor_parallel)
+        dims keeps that one (its other stages' parameters are gone)."""
         if self.engine is not None:
             return self.engine
         previous = getattr(module, "_omni_engine", None)
         if previous is not None:
-            if previous[0] != key:
+            if previous.dims != self.dims:
                 raise ValueError(
                     f"{type(module).__name__}: this module was already split into pipeline "
-                    f"stages by another OmniStrategy ({_describe(previous[0])}) and holds only "
-                    f"its stage's parameters; expected {_describe(key)}. Reuse that "
-                    "OmniStrategy (or Trainer), or build a new module and load a consolidated "
-                    "checkpoint (lightning_omni.runtime.consolidate)")
-            return previous[1]
+                    f"stages by another OmniStrategy ({previous.dims}) and holds only its "
+                    f"stage's parameters; expected {self.dims}. Reuse that OmniStrategy (or "
+                    "Trainer), or build a new module and load a consolidated checkpoint "
+                    "(lightning_omni.runtime.consolidate)")
+            return previous
         self.spec = get_spec(module)
         layout = self._meta_layout or self._layout(self.spec)
         if not self._built_here:  # each rank built the whole module: take rank 0's values
             sync_parameters(self.spec, self.omni_timeout, self.global_rank)  # before sharding
-        engine = OmniEngine(self.spec, layout, self.schedule, self.num_microbatches,
-                            self.omni_timeout, self.root_device, self._group_options(),
-                            self.ulysses_backend, encoder_tp=self.encoder_tensor_parallel)
-        engine.elsewhere = self._elsewhere
-        module.__dict__["_omni_engine"] = (key, engine)
+        engine = parallelize(self.spec, self.dims, layout, self.root_device, self.omni_timeout,
+                             self._elsewhere)
+        module.__dict__["_omni_engine"] = engine  # the module's split, under its dims
         if layout.global_rank == 0:  # the same on every rank: said once per run
             per = "stage" if layout.vpp == 1 else \
                 f"virtual stage ({layout.vpp} model chunks per stage)"
-            tp = (f" x tensor_parallel {layout.tp} (encoders at TP "
-                  f"{self.encoder_tensor_parallel})" if layout.tp > 1 else "")
-            log.info("OmniStrategy layout: world size %d = pipeline_parallel %d x "
-                     "data_parallel %d%s; LLM blocks per %s %s; schedule %r, %d microbatches "
-                     "per replica; lssp=%s, reorder=%s, zero_stage=%d, meta build materialized "
-                     "per stage: %s",
-                     layout.global_world_size, layout.pp, layout.dp, tp, per,
-                     [hi - lo for lo, hi in layout.block_bounds], self.schedule,
-                     self.num_microbatches, self.lssp, self.reorder, self.zero_stage,
-                     self._built_here)
-        log.debug("rank %d: stage %d, replica %d, LLM blocks %s", layout.global_rank,
-                  layout.stage, layout.replica, layout.block_bounds[layout.stage]
-                  if layout.vpp == 1 else layout.chunk_bounds(layout.stage))
-        if layout.tp > 1:
-            log.debug("rank %d: TP rank %d of plan rank %d", layout.global_rank,
-                      layout.tp_rank, layout.rank)
+            log.info("OmniStrategy layout: %s; LLM blocks per %s %s; meta build materialized "
+                     "per stage: %s", self.dims, per,
+                     [hi - lo for lo, hi in layout.block_bounds], self._built_here)
+        log.debug("rank %d: stage %d, replica %d, TP rank %d, LLM blocks %s",
+                  layout.global_rank, layout.stage, layout.replica, layout.tp_rank,
+                  layout.block_bounds[layout.stage] if layout.vpp == 1
+                  else layout.chunk_bounds(layout.stage))
         return engine
-
-    def _group_options(self) -> GroupOptions | None:
-        """Encoder group actions (LSSP / grouped reordering), or None: per-replica plans."""
-        if not (self.lssp or self.reorder):
-            return None
-        world = self._world()
-        if self.locality_groups is None:
-            locality = tuple(r // self.num_processes for r in range(world))  # one per node
-        else:
-            locality = tuple(int(g) for g in self.locality_groups)
-            if len(locality) != world:
-                raise ValueError(f"locality_groups: expected one group id per rank ({world}), "
-                                 f"got {len(locality)}")
-        tp = self.tensor_parallel
-        if tp > 1:  # the plan's ranks: one per TP group, which must sit in one locality group
-            groups = [locality[r:r + tp] for r in range(0, world, tp)]
-            if any(len(set(g)) > 1 for g in groups):
-                raise ValueError(f"locality_groups: expected the {tp} ranks of each tensor-"
-                                 f"parallel group in one locality group, got {list(locality)}")
-            locality = tuple(g[0] for g in groups)
-        # only encoders that declare ``splittable_rows`` are split; others run unsplit (heads 0);
-        # TP-sharded encoders: Ulysses shards each TP rank's heads (heads / encoder TP)
-        heads = []
-        for m in self.spec.modalities:
-            try:
-                heads.append(splittable_heads(m.encoder, self.encoder_tensor_parallel)
-                             if self.lssp else 0)
-            except ValueError as err:
-                raise ValueError(f"modalities[{m.name}].encoder: {err}") from err
-        cap = self.lssp_max_rows if self.lssp_max_rows is not None else float("inf")
-        return GroupOptions(self.lssp, self.reorder, locality, tuple(heads),
-                            self.encoder_cost[0], self.encoder_cost[1], float(cap))
 
     def on_train_start(self) -> None:
         """Refuse a loader whose batches cannot split into the microbatches, before step 1."""
         super().on_train_start()
         loader = self.lightning_module.trainer.train_dataloader
         size = getattr(loader, "batch_size", None)
-        if isinstance(size, int) and size % self.num_microbatches != 0:
-            raise ValueError(f"batch: {size} samples per data-parallel replica (the train "
-                             "loader's batch_size) cannot be split into num_microbatches="
-                             f"{self.num_microbatches} equal microbatches; use a batch size "
-                             f"divisible by {self.num_microbatches}")
+        if isinstance(size, int):
+            check_microbatches(size, self.num_microbatches, " (the train loader's batch_size)")
         if isinstance(size, int) and not getattr(loader, "drop_last", True):
             n = len(getattr(loader, "sampler", ()) or ())
             if n % size % self.num_microbatches != 0:
@@ -530,7 +472,7 @@ class OmniStrategy(DDPStrategy):
         mine = {k: v for k, v in state.items() if k not in params or id(params[k]) in hosted}
         # tensor parallel: full tensors, gathered by every TP rank of the stage in one order,
         # so a checkpoint is the plain module's whatever the TP degree (consolidate, resume)
-        return full(mine) if self.tensor_parallel > 1 else mine
+        return full(mine)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
         if self.engine is None:
@@ -598,23 +540,8 @@ def _from_pretrained_on_meta(err: BaseException) -> bool:
                for frame, _ in traceback.walk_tb(err.__traceback__))
 
 
-def _describe(key: tuple) -> str:
-    world, rank, pp, dp, schedule, micro, lssp, reorder, vpp, tp, enc_tp = key
-    return (f"rank {rank} of {world}, pipeline_parallel={pp}, data_parallel={dp}, "
-            f"schedule={schedule!r}, num_microbatches={micro}, lssp={lssp}, reorder={reorder}, "
-            f"virtual_pipeline_parallel={vpp}, tensor_parallel={tp}, "
-            f"encoder_tensor_parallel={enc_tp}")
-
-
-# OmniStrategy's names for plan.interleaved.check_interleaving's arguments
-_INTERLEAVING_NAMES = ("pipeline_parallel", "num_microbatches", "virtual_pipeline_parallel")
-
-
-def _check_tensor_parallel(tp: int, encoder_tp: int | None) -> None:
-    """What tensor parallelism does not combine with yet, refused before any process starts."""
-    if encoder_tp is not None and tp % encoder_tp:
-        fail("encoder_tensor_parallel", f"a divisor of tensor_parallel={tp} (the encoders "
-             f"run in tensor_parallel // encoder_tensor_parallel lanes)", encoder_tp)
+def _as_list(values: tuple[int, ...] | None) -> list[int] | None:
+    return None if values is None else list(values)
 
 
 class _GlobalClipping:

@@ -36,6 +36,7 @@ from .interleaved import interleave
 from .lssp import DP, MicrobatchSplit, WorkItem, sp_degrees, split_microbatch
 from .reorder import Item, plan_reorder
 from .schedule import (
+    SCHEDULES,
     Action,
     Kind,
     Payload,
@@ -48,7 +49,7 @@ from .schedule import (
     with_completion_points,
 )
 
-GROUPED_SCHEDULES = ("encoder_first_stage", "uniform_insertion")
+GROUPED_SCHEDULES = SCHEDULES  # both placements take encoder group actions
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,10 @@ from .costs import _require
 from .execution import ScheduleError as ScheduleError
 from .execution import execute_order
 
+# the encoder placements the runtime runs: stage 0 encodes everything (Megatron-like), or the
+# encoder work spread over every stage (Omni)
+SCHEDULES = ("encoder_first_stage", "uniform_insertion")
+
 
 @dataclass(frozen=True)
 class Schedule:

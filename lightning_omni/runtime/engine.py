@@ -14,22 +14,18 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_omnilab.validate import one_of, positive_int
+from lightning_omnilab.validate import one_of
 
 from ..plan.interleaved import first_microbatches, interleave
-from ..plan.lssp_schedule import (
-    GroupedPlan,
-    GroupOptions,
-    build_grouped_plan,
-    locality_subgroups,
-    sp_subgroups,
-)
+from ..plan.lssp_schedule import GroupedPlan, GroupOptions, build_grouped_plan
 from ..plan.schedule import (
+    SCHEDULES,
     Schedule,
     assign_encoder_samples,
     encoder_first_stage,
@@ -39,15 +35,17 @@ from ..plan.schedule import (
     with_completion_points,
 )
 from ..spec import OmniSpec, Probe
-from .alltoall import SubgroupCache
 from .executor import StageExecutor, StepMode, StepRecord, split_microbatches
 from .failures import OmniRuntimeError, communicating
-from .hosting import Hosting, all_buffers, all_parameters, encoder_stages, param_hosting
-from .layout import Layout
+from .hosting import all_buffers, all_parameters
 from .tensor_parallel import local, loss_context
-from .tp_stage import StageTP, apply_tensor_parallel, counted_in_norm, make_meshes
+from .tp_stage import counted_in_norm
 
-SCHEDULES = ("encoder_first_stage", "uniform_insertion")
+if TYPE_CHECKING:
+    from .parallelize import Parallelized
+
+__all__ = ["SCHEDULES", "OmniEngine", "StepResult", "build_forward_plan", "build_plan",
+           "sync_parameters"]
 
 
 @lru_cache(maxsize=64)
@@ -120,123 +118,42 @@ def sync_parameters(spec: OmniSpec, timeout: timedelta, rank: int = 0) -> None:
 
 
 class OmniEngine:
-    """Owns this rank's executor and the per-step protocol around it.
+    """Owns this rank's executor and the per-step protocol around it. Made by
+    ``parallelize`` (``runtime/parallelize.py``), which shards the stage, derives hosting and
+    creates the process groups first; the executor is built at the first batch, with all of
+    it and that batch's shapes."""
 
-    With ``layout.tp > 1`` it shards the parts this rank hosts first (``tp_stage``; every
-    process must hold rank 0's full values by then: ``sync_parameters``), and hosting, groups
-    and the executor are built over the sharded module. ``encoder_tp``: the encoders' TP
-    degree (default ``layout.tp``)."""
-
-    def __init__(self, spec: OmniSpec, layout: Layout, schedule: str, num_microbatches: int,
-                 timeout: timedelta, device: torch.device,
-                 group_options: GroupOptions | None = None,
-                 ulysses_backend: str = "auto", encoder_tp: int | None = None) -> None:
-        one_of("schedule", schedule, SCHEDULES)
-        positive_int("num_microbatches", num_microbatches)
-        self.spec, self.layout, self.schedule = spec, layout, schedule
-        self.num_microbatches, self.timeout, self.device = num_microbatches, timeout, device
-        self.encoder_ranks = tuple(sorted(d * layout.pp + s for d in range(layout.dp)
-                                          for s in encoder_stages(schedule, layout.pp)))
-        self.tp: StageTP | None = None
-        self.loss_context: Callable[[], AbstractContextManager] = nullcontext
-        if layout.tp > 1:
-            encoder_tp = layout.tp if encoder_tp is None else encoder_tp
-            self.tp = make_meshes(layout, encoder_tp, device, timeout)
-            apply_tensor_parallel(spec, layout, self.owns_encoders(), self.tp)
-            self.loss_context = lambda: loss_context(spec)
-        self.hosting: Hosting = param_hosting(spec, layout, schedule)
+    def __init__(self, spec: OmniSpec, built: Parallelized, device: torch.device,
+                 timeout: timedelta) -> None:
+        self.spec, self.built, self.dims = spec, built, built.dims
+        self.layout, self.hosting, self.groups = built.layout, built.hosting, built.groups
+        self.schedule, self.num_microbatches = built.dims.schedule, built.dims.num_microbatches
+        self.device, self.timeout = device, timeout
         self.executor: StageExecutor | None = None
         self.probe: Probe | None = None
         self.steps = 0  # steps run by this engine (any mode), for error messages
         self.planned_alone: tuple | None = None  # the last plan's, see StepResult
-        # shapes of the parameters a meta build never allocated here (by id; the shape probe)
-        self.elsewhere: dict[int, tuple[int, ...]] = {}
-        self.groups = self._make_groups()
         # LSSP / grouped reordering: encoder work as group actions of each stage's
-        # data-parallel group (see plan.lssp_schedule); None keeps the per-replica plans
-        self.group_options = group_options
-        self.ulysses_backend = ulysses_backend
-        self.cache = self._make_encoder_groups() if group_options is not None else None
-        self.recompute = self.encoder_recompute = False
-
-    def set_recompute(self, llm: bool, encoder: bool) -> None:
-        """Activation recomputation of the stage's LLM blocks / of the encoders' layers in
-        training steps (``runtime/recompute.py``)."""
-        self.recompute, self.encoder_recompute = llm, encoder
-        if self.executor is not None:
-            self.executor.recompute, self.executor.encoder_recompute = llm, encoder
-
-    def _new_group(self, ranks: tuple[int, ...]) -> object:
-        """The process group of plan ranks ``ranks`` at this process's TP rank (None for one
-        rank). Every process creates the group of every TP rank, in the same order."""
-        lay = self.layout
-        if len(ranks) <= 1:
-            return None
-        if lay.tp == 1 and len(ranks) == lay.world_size:
-            return dist.group.WORLD
-        mine = None
-        for t in range(lay.tp):
-            group = dist.new_group(list(lay.tp_slice(ranks, t)), timeout=self.timeout)
-            if t == lay.tp_rank:
-                mine = group
-        return mine
-
-    def _make_groups(self) -> dict[tuple[int, ...], object]:
-        """Process groups (keyed by plan ranks) for the plan's collectives and for every set
-        of ranks holding the same parameters, created in the same order on every rank."""
-        lay = self.layout
-        every = tuple(range(lay.world_size))
-        groups: dict[tuple[int, ...], object] = {every: self._new_group(every)}
-        wanted = [lay.stage_group(s) for s in range(lay.pp)]
-        wanted += [self.encoder_ranks, *self.hosting.groups()]
-        for ranks in wanted:
-            if ranks not in groups:
-                groups[ranks] = self._new_group(ranks)
-        return groups
-
-    def _make_encoder_groups(self) -> SubgroupCache:
-        """Every process group an encoder group action may use (its locality group and the
-        SP blocks inside it), created once, in the same order on every rank."""
-        lay, opts = self.layout, self.group_options
-        if len(opts.locality) != lay.world_size:
-            raise ValueError(f"locality_groups: expected one group id per rank "
-                             f"({lay.world_size}), got {len(opts.locality)}")
-        cache = SubgroupCache(timeout=self.timeout)
-        for s in range(lay.pp):
-            for members in locality_subgroups(lay.stage_group(s), opts.locality):
-                for ranks in [members, *sp_subgroups(members, opts.heads)]:
-                    if ranks not in self.groups:
-                        self.groups[ranks] = self._new_group(ranks)
-                    g = self.groups[ranks]
-                    if lay.rank in ranks and g is not None:  # keyed by process ranks
-                        cache.add(lay.tp_slice(ranks, lay.tp_rank), g)
-        return cache
+        # data-parallel group (see plan.lssp_schedule); None keeps the per-replica plans.
+        # The first batch adds the byte sizes its ALLTOALL counts price.
+        self.group_options = built.group_options
 
     def owns_encoders(self) -> bool:
-        return self.layout.rank in self.encoder_ranks
-
-    def sync_parameters(self) -> None:
-        """``sync_parameters`` of this engine's spec (without tensor parallelism: with it the
-        module is sharded by now; sync before building the engine)."""
-        if self.tp is not None:
-            raise OmniRuntimeError("sync_parameters: the module is already sharded for tensor "
-                                   "parallelism; call engine.sync_parameters(spec, ...) before "
-                                   "building the OmniEngine")
-        sync_parameters(self.spec, self.timeout, self.layout.global_rank)
+        return self.built.owns_encoders
 
     # -- first batch: checks, then drop the parts this rank does not host -------------------
     def _first_batch(self, batch: dict[str, Tensor], mode: StepMode,
                      forward_context: Callable[[], AbstractContextManager]) -> None:
-        elsewhere = self.elsewhere
-        if self.tp is not None:  # parts hosted elsewhere run on meta (they may hold a tie's
-            held = {id(p) for p in self.hosting.held()}  # DTensor, see tp_stage); a meta
-            elsewhere = {**{id(p): tuple(p.shape) for p in self.hosting.params  # build's
-                            if id(p) not in held}, **elsewhere}  # shapes are the true ones
+        elsewhere = dict(self.built.elsewhere)
+        if self.built.tp is not None:  # parts hosted elsewhere run on meta (they may hold a
+            held = {id(p) for p in self.hosting.held()}  # tie's DTensor, see tp_stage); a
+            elsewhere = {**{id(p): tuple(p.shape) for p in self.hosting.params  # meta
+                            if id(p) not in held}, **elsewhere}  # build's shapes are the true ones
         with forward_context():
             self.probe = self.spec.check_shapes(batch, with_loss=mode != StepMode.PREDICT,
                                                 elsewhere=elsewhere)
-        ex = StageExecutor(self.spec, self.layout, self.groups, self.probe, self.device,
-                           self.timeout, self.hosting, self.encoder_ranks, self.loss_context)
+        ex = StageExecutor(self.spec, self.built, self.probe, self.device, self.timeout,
+                           lambda: loss_context(self.spec))
         keep = {id(p) for p in ex.owned_params()}
         with torch.inference_mode(False):  # the first batch may come in a validation loop
             for p in self.hosting.params:
@@ -245,12 +162,8 @@ class OmniEngine:
                     p.data = torch.empty(0, dtype=p.dtype, device=p.device)
                     p.grad = None
         if self.group_options is not None:
-            ex.cache, ex.ulysses_backend = self.cache, self.ulysses_backend
-            ex.encoder_tp = self.tp.encoder_degree if self.tp is not None else 1
             self.group_options = self._row_bytes(batch, self.probe.hidden,
                                                  self.probe.feature_dtype)
-        ex.recompute, ex.encoder_recompute = self.recompute, self.encoder_recompute
-        ex.lanes = self.tp.lanes if self.tp is not None else None
         self.executor = ex
 
     def _row_bytes(self, batch: dict[str, Tensor], hidden: int, dtype: torch.dtype
@@ -274,27 +187,14 @@ class OmniEngine:
     def hosted_param_ids(self) -> set[int]:
         return {id(p) for p in self.hosting.held()}
 
-    def clip_grad_norm(self, max_norm: float) -> Tensor:
-        """``torch.nn.utils.clip_grad_norm_`` over the whole model: each parameter's gradient
-        enters the norm once (on its lowest holder; replicas and tied copies hold equal
-        gradients), one all-reduce sums the squares, every holder scales by the same factor.
-        With tensor parallelism each process adds its local shards (``counted_in_norm``)."""
-        if self.tp is not None:
-            return self._clip_tp(max_norm)
-        grads = [p.grad for p in self.hosting.counted_here() if p.grad is not None]
-        square = (torch.nn.utils.get_total_norm(grads, 2.0).to(torch.float64) ** 2 if grads
-                  else torch.zeros((), dtype=torch.float64, device=self.device))
-        with communicating("all-reduce of the gradient norm over all ranks", self.timeout):
-            dist.all_reduce(square)
-        total = square.sqrt()
-        held = [p for p in self.hosting.held() if p.grad is not None]
-        if held:
-            total = total.to(held[0].grad.dtype)
-            torch.nn.utils.clip_grads_with_norm_(held, max_norm, total)
-        return total
-
     @torch.no_grad()
-    def _clip_tp(self, max_norm: float) -> Tensor:
+    def clip_grad_norm(self, max_norm: float) -> Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the whole model: each gradient element
+        enters the norm once (a parameter on its lowest holder, replicas and tied copies hold
+        equal gradients; under TP each process adds its local shards, ``counted_in_norm``),
+        one all-reduce sums the squares, every holder scales its (local) gradients by the
+        same factor. The scaling is ``clip_grads_with_norm_``'s, on local shards: that
+        function takes parameters, whose DTensor gradients it cannot mix with a plain norm."""
         lay = self.layout
         grads = [local(p.grad) for p in self.hosting.counted_here()
                  if p.grad is not None and counted_in_norm(p, lay)]
@@ -304,9 +204,9 @@ class OmniEngine:
             dist.all_reduce(square)
         total = square.sqrt()
         held = [local(p.grad) for p in self.hosting.held() if p.grad is not None]
-        if held:  # as clip_grads_with_norm_, on the local shards
+        if held:
             total = total.to(held[0].dtype)
-            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+            coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
             for g in held:
                 g.mul_(coef.to(g.device))
         return total

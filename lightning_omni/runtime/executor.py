@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -33,14 +34,16 @@ from ..spec import OmniSpec, Probe, scatter_features, valid_rows
 from .alltoall import SubgroupCache
 from .encoder_lanes import EncoderLanes, assign_to_lanes, gather_lanes, scatter_rows
 from .failures import OmniRuntimeError, communicating, timed_out
-from .hosting import Hosting
-from .layout import Layout
 from .lssp_exec import build_exec_plan, run_lssp_microbatch
 from .memory import SavedTensorMeter
+from .parallel_dims import check_microbatches
 from .recompute import checkpointed, encoder_layers
 from .step_state import ChunkKey, Posted, StepMode, StepState
 from .tensor_parallel import full_logits, like, local
 from .tp_stage import sharded_grad
+
+if TYPE_CHECKING:
+    from .parallelize import Parallelized
 
 __all__ = ["StageExecutor", "StepMode", "StepRecord", "rows_of", "split_microbatches"]
 
@@ -70,10 +73,7 @@ def split_microbatches(batch: dict[str, Tensor], num: int) -> list[dict[str, Ten
     b = next(iter(sizes.values()))
     if len(set(sizes.values())) != 1:
         raise ValueError(f"batch: expected every tensor to have the same batch size, got {sizes}")
-    if b % num != 0:
-        raise ValueError(f"batch: {b} samples per data-parallel replica cannot be split into "
-                         f"num_microbatches={num} equal microbatches; use a batch size "
-                         f"divisible by {num}")
+    check_microbatches(b, num)
     per = b // num
     return [{k: (v[i * per:(i + 1) * per] if isinstance(v, Tensor) else v)
              for k, v in batch.items()} for i in range(num)]
@@ -97,11 +97,14 @@ def rows_of(lengths: Tensor, samples: Tensor) -> Tensor:
 class StageExecutor:
     """Runs plans for one rank: its LLM stage, its encoder replicas, its messages."""
 
-    def __init__(self, spec: OmniSpec, layout: Layout, groups: dict[tuple[int, ...], object],
-                 probe: Probe, device: torch.device, timeout: timedelta,
-                 hosting: Hosting, encoder_ranks: tuple[int, ...],
+    def __init__(self, spec: OmniSpec, built: Parallelized, probe: Probe,
+                 device: torch.device, timeout: timedelta,
                  loss_context: Callable[[], AbstractContextManager] = nullcontext) -> None:
-        self.spec, self.layout, self.groups, self.probe = spec, layout, groups, probe
+        """``built``: what ``parallelize`` made for this process (layout, hosting, process
+        groups, encoder groups, TP meshes and lane) and the dims it read (recomputation,
+        Ulysses backend, encoder TP degree); ``probe``: the first batch's shapes."""
+        layout, hosting, dims = built.layout, built.hosting, built.dims
+        self.spec, self.layout, self.groups, self.probe = spec, layout, built.groups, probe
         # entered around the loss and its backward (tensor parallel: e.g. ``loss_parallel``
         # when the head's output is vocabulary-sharded)
         self.loss_context = loss_context
@@ -115,7 +118,7 @@ class StageExecutor:
         self.in_dtypes = [probe.block_dtypes[lo - 1] if lo > 0 else probe.feature_dtype
                           for lo, _ in bounds]
         self.out_dtypes = [probe.block_dtypes[hi - 1] for _, hi in bounds]
-        self.owns_encoders = layout.rank in encoder_ranks
+        self.owns_encoders = built.owns_encoders
         held = hosting.held()
         # each gradient is summed by exactly one collective: the plan's all-reduce of the
         # stage's data-parallel group, the plan's encoder all-reduce, or (parameters shared
@@ -129,7 +132,7 @@ class StageExecutor:
             for p in params:
                 if id(p) in llm and holders == stage_group:
                     key = (Payload.WEIGHT_GRADS, holders)
-                elif id(p) not in llm and holders == encoder_ranks:
+                elif id(p) not in llm and holders == built.encoder_ranks:
                     key = (Payload.ENCODER_GRADS, holders)
                 else:
                     self._shared_reduce.setdefault(holders, []).append(p)
@@ -137,15 +140,15 @@ class StageExecutor:
                 self._plan_reduce.setdefault(key, []).append(p)
         self.meter = SavedTensorMeter(held)
         self._tp_params = [p for p in held if isinstance(p, DTensor)]
-        self.cache: SubgroupCache | None = None  # encoder group process groups (LSSP/reorder)
-        self.ulysses_backend = "auto"
-        self.encoder_tp = 1  # the encoders' TP degree (Ulysses shards each TP rank's heads)
+        self.cache: SubgroupCache | None = built.encoder_groups  # LSSP / reordering groups
+        self.ulysses_backend = dims.ulysses_backend
+        self.encoder_tp = dims.encoder_tp  # Ulysses shards each encoder TP rank's heads
         # encoder lanes (encoder TP below the LLM's TP): this process's lane, or None
-        self.lanes: EncoderLanes | None = None
+        self.lanes: EncoderLanes | None = built.tp.lanes if built.tp is not None else None
         self._lane_params: list[Tensor] | None = None  # what the lanes sum (_reduce_lanes)
         # activation recomputation in training steps (runtime/recompute.py): every LLM block
         # of the stage, every encoder layer (or whole encoder call)
-        self.recompute = self.encoder_recompute = False
+        self.recompute, self.encoder_recompute = dims.recompute, dims.encoder_recompute
         self._enc_layers: dict[int, list[nn.Module]] = {}
         self._forward_context: Callable[[], AbstractContextManager] = nullcontext
         self._step = StepState()  # replaced at the start of every ``run``
@@ -345,7 +348,7 @@ class StageExecutor:
                 res = run_lssp_microbatch(mod.encoder, ex, inputs, members, cache=self.cache,
                                           backend=self.ulysses_backend, row_shape=x.shape[2:],
                                           out_dim=self.hidden, dtype=x.dtype,
-                                          tensor_parallel=self.encoder_tp, lanes=self.lanes)
+                                          encoder_tp=self.encoder_tp, lanes=self.lanes)
             self._step.bytes_sent += res.bytes_sent
             self._step.rows_encoded += res.rows_encoded
             part = (torch.cat([res.features[g] for g in mine]) if mine else

@@ -96,13 +96,7 @@ def make_layout(world_size: int, rank: int, pp: int, dp: int,
                 vpp: int = 1, tp: int = 1) -> Layout:
     """Check the parallel sizes against the process world (``world_size`` processes, this one
     global ``rank``) and cut the blocks into ``pp * vpp`` (virtual) stages."""
-    if tp != 1:
-        if tp < 1 or pp < 1 or dp < 1 or pp * dp * tp != world_size:
-            raise ValueError(f"pipeline_parallel * data_parallel * tensor_parallel: expected the "
-                             f"world size {world_size}, got {pp} * {dp} * {tp} = {pp * dp * tp}")
-    elif pp < 1 or dp < 1 or pp * dp != world_size:
-        raise ValueError(f"pipeline_parallel * data_parallel: expected the world size "
-                         f"{world_size}, got {pp} * {dp} = {pp * dp}")
+    check_world(world_size, pp, dp, tp)
     positive_int("virtual_pipeline_parallel", vpp)
     n, parts = len(block_costs), pp * vpp
     what = f"{pp}" if vpp == 1 else f"pipeline_parallel * virtual_pipeline_parallel = {parts}"
@@ -123,6 +117,14 @@ def make_layout(world_size: int, rank: int, pp: int, dp: int,
         bounds.append((lo, lo + c))
         lo += c
     return Layout(pp * dp, rank // tp, pp, dp, tuple(bounds), vpp, tp, rank % tp)
+
+
+def check_world(world: int, pp: int, dp: int, tp: int, world_is: str = "") -> None:
+    """The layout fills the process world: ``pp * dp * tp == world``. ``world_is``: where
+    the world size comes from, for the message."""
+    if pp < 1 or dp < 1 or tp < 1 or pp * dp * tp != world:
+        raise ValueError(f"pipeline_parallel * data_parallel * tensor_parallel: expected the "
+                         f"world size {world}{world_is}, got {pp} * {dp} * {tp} = {pp * dp * tp}")
 
 
 def partition_blocks(costs: Sequence[float], parts: int) -> list[int]:

@@ -219,7 +219,7 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
                         in_dim: int | None = None, out_dim: int | None = None,
                         dtype: torch.dtype | None = None,
                         row_shape: Sequence[int] | None = None,
-                        tensor_parallel: int = 1,
+                        encoder_tp: int = 1,
                         lanes: EncoderLanes | None = None) -> LsspResult:
     """Run the microbatch's encoder work on this rank (see the module docstring).
 
@@ -231,20 +231,20 @@ def run_lssp_microbatch(encoder: torch.nn.Module, plan: LsspExecPlan,
     same plan. ``row_shape``/``dtype`` (input rows) and ``out_dim`` (feature rows) are read
     off the inputs and the encoder (``in_dim``, ``out_dim``) when not given, but a rank that
     owns no sample must be told the row shape the others send: pass ``row_shape`` (``in_dim``
-    is the same for rows of one dimension). ``tensor_parallel``: the encoder's TP degree (its
-    attention sees ``heads // tensor_parallel`` heads; ``global_ranks`` are the processes of
+    is the same for rows of one dimension). ``encoder_tp``: the encoder's TP degree (its
+    attention sees ``heads // encoder_tp`` heads; ``global_ranks`` are the processes of
     this TP rank). ``lanes``: this process's encoder lane (``encoder_lanes``): the lanes of
     the rank share its whole samples, lane 0 runs its sequence-parallel pieces, and every lane
     ends with all of the rank's features.
     """
     if plan.split.sp_groups:  # the LSSP contract: only a splittable encoder is split
-        heads = splittable_heads(encoder, tensor_parallel)
+        heads = splittable_heads(encoder, encoder_tp)
         if heads == 0:
             raise ValueError(
                 f"{type(encoder).__name__}: the plan splits samples "
                 f"{[g.sample_id for g in plan.split.sp_groups]} over ranks, but the encoder "
                 "does not declare `splittable_rows = True` (lightning_omni.runtime.splittable); "
-                "plan with heads=splittable_heads(encoder, tensor_parallel)")
+                "plan with heads=splittable_heads(encoder, encoder_tp)")
         for g in plan.split.sp_groups:
             check_sp_heads(heads, len(g.ranks), f"encoder (sample {g.sample_id})")
     cache = cache or default_cache()

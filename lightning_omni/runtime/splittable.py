@@ -11,7 +11,7 @@ So an encoder is split only when it says so:
 * ``splittable_rows = True`` (a class attribute): positions are carried in the input rows,
   rows are independent except through the attention it receives;
 * ``heads``: an int >= 1, its attention heads (Ulysses shards them over the SP group; a
-  tensor-parallel encoder holds ``heads / tensor_parallel`` of them per TP rank, which Ulysses
+  tensor-parallel encoder holds ``heads / encoder_tp`` of them per TP rank, which Ulysses
   shards further);
 * ``forward(x, lengths, attention=None)``: runs its attention through ``attention(q, k, v)``
   (``[batch, rows, heads, dim]`` tensors) when given.
@@ -29,11 +29,11 @@ from torch import nn
 from lightning_omnilab.validate import is_int
 
 
-def splittable_heads(encoder: nn.Module, tensor_parallel: int = 1) -> int:
+def splittable_heads(encoder: nn.Module, encoder_tp: int = 1) -> int:
     """The attention heads LSSP may shard ``encoder``'s samples over, or 0: never split them.
 
-    ``tensor_parallel``: the encoder's TP degree; each TP rank's attention sees
-    ``heads // tensor_parallel`` heads (column-parallel qkv, whole heads per shard), and Ulysses
+    ``encoder_tp``: the encoder's TP degree; each TP rank's attention sees
+    ``heads // encoder_tp`` heads (column-parallel qkv, whole heads per shard), and Ulysses
     runs over the processes of one TP rank, so it shards those. Returns ``encoder.heads`` (per
     TP rank) when the encoder declares ``splittable_rows = True`` (see the
     module docstring), 0 when it does not declare it. Raises ``ValueError`` when it declares it
@@ -56,11 +56,11 @@ def splittable_heads(encoder: nn.Module, tensor_parallel: int = 1) -> int:
                          "attention passed as forward(x, lengths, attention=...); expected a "
                          "forward accepting `attention=`, got forward"
                          f"{inspect.signature(encoder.forward)}")
-    if heads % tensor_parallel:
+    if heads % encoder_tp:
         raise ValueError(f"{name}: {heads} attention heads are not divisible by the encoder's "
-                         f"tensor-parallel degree {tensor_parallel}: expected whole heads on "
+                         f"tensor-parallel degree {encoder_tp}: expected whole heads on "
                          "every TP rank")
-    return heads // tensor_parallel
+    return heads // encoder_tp
 
 
 def _accepts_attention(encoder: nn.Module) -> bool:

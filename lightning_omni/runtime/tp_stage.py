@@ -34,12 +34,11 @@ from .layout import Layout
 @dataclass(frozen=True)
 class StageTP:
     """This process's TP meshes (``encoder_mesh`` None: encoders plain, unsharded) and its
-    encoder lane (None: one lane, the whole TP group)."""
+    encoder lane (None: one lane, the whole TP group). The degrees are ``ParallelDims``'
+    ``tp`` and ``encoder_tp``."""
 
     mesh: DeviceMesh
     encoder_mesh: DeviceMesh | None
-    degree: int
-    encoder_degree: int
     lanes: EncoderLanes | None = None
 
 
@@ -47,17 +46,14 @@ def make_meshes(layout: Layout, encoder_tp: int, device: torch.device,
                 timeout: timedelta | None = None) -> StageTP:
     """The LLM mesh (this plan rank's TP group), the encoders' mesh (the same one, this
     process's lane of ``encoder_tp`` ranks, or None: plain encoders) and the lane peers'
-    group. Every process builds the meshes of every plan rank (DeviceMesh creates all
-    slices' groups collectively, in one order)."""
+    group. ``encoder_tp`` divides ``layout.tp`` (``ParallelDims`` checked it). Every process
+    builds the meshes of every plan rank (DeviceMesh creates all slices' groups
+    collectively, in one order)."""
     tp = layout.tp
-    if encoder_tp < 1 or tp % encoder_tp:
-        raise ValueError(f"encoder_tensor_parallel: expected a divisor of tensor_parallel={tp} "
-                         f"(the encoders run in tensor_parallel // encoder_tensor_parallel "
-                         f"lanes), got {encoder_tp}")
     ranks = torch.arange(layout.global_world_size).view(layout.world_size, tp)
     mesh = DeviceMesh(device.type, ranks, mesh_dim_names=("plan", "tp"))["tp"]
     if encoder_tp == tp:
-        return StageTP(mesh, mesh, tp, encoder_tp)
+        return StageTP(mesh, mesh)
     count = tp // encoder_tp
     if encoder_tp == 1:
         enc_mesh, peers = None, mesh
@@ -66,7 +62,7 @@ def make_meshes(layout: Layout, encoder_tp: int, device: torch.device,
         grid = DeviceMesh(device.type, split, mesh_dim_names=("plan", "lane", "enc"))
         enc_mesh, peers = grid["enc"], grid["lane"]
     lanes = EncoderLanes(count, layout.tp_rank // encoder_tp, peers.get_group(), timeout)
-    return StageTP(mesh, enc_mesh, tp, encoder_tp, lanes)
+    return StageTP(mesh, enc_mesh, lanes)
 
 
 def hosted_parts(layout: Layout, owns_encoders: bool) -> list[str]:

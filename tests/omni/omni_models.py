@@ -363,7 +363,7 @@ def strategy_worker(rank: int, world: int, log_dir: str) -> dict[str, Any]:
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from lightning_omni import OmniStrategy
-    from lightning_omni.runtime import OmniEngine, OmniRuntimeError, make_layout
+    from lightning_omni.runtime import OmniRuntimeError, ParallelDims, parallelize
 
     out: dict[str, Any] = {}
     strategy = OmniStrategy(pipeline_parallel=2, num_microbatches=4,
@@ -385,9 +385,9 @@ def strategy_worker(rank: int, world: int, log_dir: str) -> dict[str, Any]:
     # a lost rank: rank 1 exits abruptly after one step
     model = make_model(0)
     spec = model.configure_omni()
-    layout = make_layout(world, rank, 2, 1, spec.costs_of_blocks())
-    engine = OmniEngine(spec, layout, "uniform_insertion", 4, timedelta(seconds=5),
-                        torch.device("cpu"))
+    dims = ParallelDims(pp=2, dp=1, num_microbatches=4).for_world(world, world)
+    engine = parallelize(spec, dims, dims.layout(rank, spec.costs_of_blocks()),
+                         torch.device("cpu"), timedelta(seconds=5))
     batch = global_batches(ToyData(16), 16)[0]
     engine.step(batch)
     if rank == 1:

@@ -73,3 +73,19 @@ def test_lazy_names_are_the_real_objects():
     assert {"OmniStrategy", "OmniSpec"} <= set(dir(lightning_omni))
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         lightning_omni.Nope  # noqa: B018
+
+
+def test_the_spec_imports_nothing_from_the_runtime():
+    """``OmniSpec`` (and its TP plan's checks, ``tp_plan``) stand below the runtime: validating
+    a spec with a TP plan loads no ``lightning_omni.runtime`` module."""
+    _assert_ok(_run("""
+        from torch import nn
+        from torch.distributed.tensor.parallel import ColwiseParallel
+        from lightning_omni.spec import OmniSpec
+        spec = OmniSpec(modalities=[], embedding=nn.Embedding(4, 2), blocks=[nn.Linear(2, 2)],
+                        head=nn.Linear(2, 4), loss=lambda logits, batch: (0, 1),
+                        tp_plan={"head": {"": ColwiseParallel()}})
+        spec.validate(1)
+        runtime = [m for m in sys.modules if m.startswith("lightning_omni.runtime")]
+        assert not runtime, f"the spec loaded {runtime}"
+    """))

@@ -14,7 +14,7 @@ from omni_models import IMG, OmniToy, ToyData, global_batches, make_model
 from torch.utils.data import DataLoader
 
 from lightning_omni import OmniSpecError, OmniStrategy
-from lightning_omni.runtime import OmniEngine, OmniRuntimeError, make_layout
+from lightning_omni.runtime import OmniRuntimeError, ParallelDims, parallelize
 
 
 @pytest.fixture(autouse=True)
@@ -127,7 +127,8 @@ def test_a_module_split_by_another_layout_is_refused():
     trainer = _fit(model, OmniStrategy(num_microbatches=2))
     trainer.validate(model, DataLoader(ToyData(8), batch_size=4), verbose=False)  # same strategy
     with pytest.raises(ValueError, match=r"already split into pipeline stages by another "
-                                         r"OmniStrategy .*num_microbatches=2"):
+                                         r"OmniStrategy \(TP1 PP1 DP1 \(world size 1\); "
+                                         r"schedule 'uniform_insertion', 2 microbatches"):
         _fit(model, OmniStrategy(num_microbatches=4))
 
 
@@ -138,9 +139,9 @@ def hung_peer_worker(rank: int, world: int) -> dict:
 
     model = make_model(0)
     spec = model.configure_omni()
-    layout = make_layout(world, rank, 2, 1, spec.costs_of_blocks())
-    engine = OmniEngine(spec, layout, "uniform_insertion", 4, timedelta(seconds=3),
-                        torch.device("cpu"))
+    dims = ParallelDims(pp=2, dp=1, num_microbatches=4).for_world(world, world)
+    engine = parallelize(spec, dims, dims.layout(rank, spec.costs_of_blocks()),
+                         torch.device("cpu"), timedelta(seconds=3))
     batch = global_batches(ToyData(16), 16)[0]
     engine.step(batch)
     if rank == 1:

@@ -69,11 +69,11 @@ def test_the_layout_is_logged_once_and_each_step_at_debug(caplog):
     _fit(OmniStrategy(num_microbatches=2), make_model(0).double())
     ours = [r for r in caplog.records if r.name == "lightning_omni.strategy"]
     assert [r.getMessage() for r in ours if r.levelno == logging.INFO] == [
-        "OmniStrategy layout: world size 1 = pipeline_parallel 1 x data_parallel 1; LLM blocks "
-        "per stage [4]; schedule 'uniform_insertion', 2 microbatches per replica; lssp=False, "
-        "reorder=False, zero_stage=0, meta build materialized per stage: False"]
+        "OmniStrategy layout: TP1 PP1 DP1 (world size 1); schedule 'uniform_insertion', 2 "
+        "microbatches per replica; lssp=False, reorder=False, zero_stage=0; LLM blocks per "
+        "stage [4]; meta build materialized per stage: False"]
     debug = [r.getMessage() for r in ours if r.levelno == logging.DEBUG]
-    assert debug[0] == "rank 0: stage 0, replica 0, LLM blocks (0, 4)"
+    assert debug[0] == "rank 0: stage 0, replica 0, TP rank 0, LLM blocks (0, 4)"
     assert len(debug) == 2 and debug[1].startswith("training step 0: ")
 
 

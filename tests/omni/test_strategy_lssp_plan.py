@@ -114,31 +114,25 @@ def test_replicas_must_match_in_shape():
 
 
 def test_strategy_refuses_bad_lssp_options():
-    import torch
     from omni_models import make_model
 
-    from lightning_omni import OmniStrategy
+    from lightning_omni import OmniStrategy, ParallelDims
+    from lightning_omni.runtime.parallelize import group_options
 
     for kw, match in (({"lssp_max_rows": 0}, "lssp_max_rows"),
                       ({"encoder_cost": (-1.0, 0.0)}, "encoder_cost"),
                       ({"ulysses_backend": "nccl"}, "ulysses_backend")):
         with pytest.raises(ValueError, match=match):
             OmniStrategy(**kw)
-    strategy = OmniStrategy(lssp=True)
-    strategy.parallel_devices = [torch.device("cpu")] * 2
-    strategy.spec = make_model(0).configure_omni()  # plain encoders: not splittable_rows
-    assert strategy._group_options().heads == (0, 0)  # their samples run whole
-    strategy.spec = make_model(0, encoder="token").configure_omni()
-    assert strategy._group_options().heads == (2, 2)
-    strategy.spec.modalities[0].encoder.splittable_rows = "yes"  # this instance only
+    dims = OmniStrategy(lssp=True).dims.for_world(2, 2)  # 2 processes on one node
+    spec = make_model(0).configure_omni()  # plain encoders: not splittable_rows
+    assert group_options(spec, dims).heads == (0, 0)  # their samples run whole
+    spec = make_model(0, encoder="token").configure_omni()
+    assert group_options(spec, dims).heads == (2, 2)
+    spec.modalities[0].encoder.splittable_rows = "yes"  # this instance only
     with pytest.raises(ValueError, match=r"TokenEncoder.splittable_rows: expected True"):
-        strategy._group_options()
-    strategy = OmniStrategy(reorder=True, locality_groups=[0, 0, 1])
-    strategy.parallel_devices = [torch.device("cpu")] * 2
-    strategy.spec = make_model(0).configure_omni()
+        group_options(spec, dims)
     with pytest.raises(ValueError, match="locality_groups: expected one group id per rank"):
-        strategy._group_options()
-    strategy = OmniStrategy(reorder=True)  # reordering alone: any encoder
-    strategy.parallel_devices = [torch.device("cpu")] * 2
-    strategy.spec = make_model(0).configure_omni()
-    assert strategy._group_options().locality == (0, 0)
+        OmniStrategy(reorder=True, locality_groups=[0, 0, 1]).dims.for_world(2, 2)
+    dims = ParallelDims(reorder=True).for_world(2, 2)  # reordering alone: any encoder
+    assert group_options(make_model(0).configure_omni(), dims).locality == (0, 0)
