@@ -3,7 +3,9 @@
 On CPU there is no allocator statistic per purpose; the tensors autograd saves for backward are
 what a pipeline stage accumulates while microbatches are in flight, so they are what we count.
 Parameters saved by an op (a linear layer saves its weight) are not activations and are skipped;
-a storage saved twice counts once. A DTensor (tensor parallelism) counts its local shard.
+a storage saved twice counts once. A wrapper tensor subclass (a DTensor under tensor
+parallelism, the ``AsyncCollectiveTensor`` a row-parallel layer returns) has no storage of its
+own: it counts the storages of the tensors it wraps.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ class SavedTensorMeter:
     """Live and peak bytes of saved activations; use ``meter.hooks()`` around forward code."""
 
     def __init__(self, params: list[Tensor]) -> None:
-        self._param_ptrs = {_local(p).untyped_storage().data_ptr() for p in params
-                            if _local(p).numel()}
+        self._param_ptrs = {ptr for p in params for ptr, _ in _storages(p)}
         self._refs: dict[int, int] = {}
         self.live = 0
         self.peak = 0
@@ -32,16 +33,16 @@ class SavedTensorMeter:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: Tensor) -> object:
-        storage = _local(t).untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr in self._param_ptrs or storage.nbytes() == 0:
+        held = [(ptr, n) for ptr, n in _storages(t) if ptr not in self._param_ptrs]
+        if not held:
             return t
         handle = _Held(t)
-        if self._refs.get(ptr, 0) == 0:
-            self.live += storage.nbytes()
-            self.peak = max(self.peak, self.live)
-        self._refs[ptr] = self._refs.get(ptr, 0) + 1
-        weakref.finalize(handle, self._release, ptr, storage.nbytes())
+        for ptr, nbytes in held:
+            if self._refs.get(ptr, 0) == 0:
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+            self._refs[ptr] = self._refs.get(ptr, 0) + 1
+            weakref.finalize(handle, self._release, ptr, nbytes)
         return handle
 
     def _release(self, ptr: int, nbytes: int) -> None:
@@ -55,10 +56,17 @@ class SavedTensorMeter:
         return obj.tensor if isinstance(obj, _Held) else obj
 
 
-def _local(t: Tensor) -> Tensor:
-    """A DTensor's local shard (its storage is the process's memory), a tensor as it is."""
-    inner = getattr(t, "_local_tensor", None)  # DTensor, without importing torch.distributed
-    return inner if isinstance(inner, Tensor) else t
+def _storages(t: Tensor) -> list[tuple[int, int]]:
+    """(data pointer, bytes) of each non-empty storage holding ``t``'s memory. A wrapper
+    subclass (``__tensor_flatten__``, torch's protocol for tensor subclasses: DTensor wraps
+    its local shard, ``AsyncCollectiveTensor`` a collective's output) is walked to the plain
+    tensors it wraps; its own ``untyped_storage()`` is no real storage (it raises)."""
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is not None:
+        inner = [getattr(t, name) for name in flatten()[0]]
+        return [s for x in inner if isinstance(x, Tensor) for s in _storages(x)]
+    storage = t.untyped_storage()
+    return [(storage.data_ptr(), storage.nbytes())] if storage.nbytes() else []
 
 
 class _Held:

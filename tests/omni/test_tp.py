@@ -4,7 +4,7 @@ TP2 x PP2 and TP2 x DP2 fits on 4 gloo ranks equal the plain single-process run 
 encoders, meta builds, ZeRO-1, LSSP and reordering (whole and TP-sharded encoders), and
 checkpoints that resume at the same and at another TP degree and consolidate to the plain
 module. All runs share one spawn of 4
-processes (see tp_workers)."""
+processes (see tp_workers); a layer saving a row-parallel output for backward runs on 2."""
 
 from pathlib import Path
 
@@ -290,3 +290,17 @@ def test_refused_combinations_name_their_arguments(kwargs, words):
 
     with pytest.raises(ValueError, match=words):
         OmniStrategy(**kwargs)
+
+
+def test_a_layer_saving_a_row_parallel_output_for_backward(tmp_path):
+    """TP2 on 2 processes, two steps: every block's MLP ends in a float64 RMSNorm that saves
+    the row-parallel ``mlp.2``'s output (an ``AsyncCollectiveTensor``) for backward, where the
+    saved-activation meter's hooks see it. It equals the plain run."""
+    run = {"name": "tp2_post_norm", "pp": 1, "dp": 1, "tp": 2,
+           "schedule": "uniform_insertion", "post_norm": True}
+    steps, samples = 2, 2 * BATCH
+    ranks = spawn(tp_worker, 2, [run], BATCH, samples, str(tmp_path), timeout=240)
+    names = {n for n, _ in make_tp_model(0, post_norm=True).named_parameters()}
+    assert any(n.endswith("mlp.3.weight") for n in names)
+    _check(ranks, run["name"], reference(steps, BATCH, samples, post_norm=True), names,
+           steps=slice(0, steps))

@@ -37,12 +37,35 @@ class LazyTPToy(_EncoderPlan, LazyToy):
     pass
 
 
+class RMSNorm(torch.nn.Module):
+    """Llama's RMSNorm, computing in its input's dtype (float64 here, no float32 upcast): it
+    saves its input for backward."""
+
+    def __init__(self, hidden: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight, self.eps = torch.nn.Parameter(torch.ones(hidden)), eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class PostNormTPToy(TPToy):
+    """Each block's MLP ends in an RMSNorm (Gemma-2's post-feed-forward norm), which takes the
+    row-parallel ``mlp.2``'s output as it comes and saves it for backward."""
+
+    def _build(self, hidden: int, *args: Any, **kw: Any) -> None:
+        super()._build(hidden, *args, **kw)
+        for block in self.blocks:
+            block.mlp.append(RMSNorm(hidden))
+
+
 def make_tp_model(seed: int = 0, lazy: bool = False, dtype: torch.dtype = torch.float64,
-                  **kw: Any) -> OmniToy:
+                  post_norm: bool = False, **kw: Any) -> OmniToy:
+    """The toy with its TP plan; ``post_norm``: ``PostNormTPToy``."""
     torch.manual_seed(seed)
     if lazy:
         return LazyTPToy(dtype=dtype, **kw)
-    return TPToy(**kw).to(dtype)
+    return (PostNormTPToy if post_norm else TPToy)(**kw).to(dtype)
 
 
 def _dtype(precision: str | None) -> torch.dtype:
@@ -172,6 +195,7 @@ def _fit(rank: int, world: int, run: dict[str, Any], samples: int, batch: int,
     dtype = _dtype(run.get("precision"))
     model = make_tp_model(1 if path else 0, lazy=run.get("lazy", False), tie=run.get("tie"),
                           encoder=run.get("encoder", "plain"), dtype=dtype,
+                          post_norm=run.get("post_norm", False),
                           **({"heads": run["heads"]} if "heads" in run else {}))
     if run.get("lazy"):  # built in fit: from the seed, as the reference's model right after it
         torch.manual_seed(0)
@@ -200,8 +224,8 @@ def tp_worker(rank: int, world: int, runs: list[dict[str, Any]], batch: int, sam
               ckpt_dir: str) -> dict[str, Any]:
     """Per run (``name``, ``pp``, ``dp``, ``tp``, ``schedule``, optional ``tie``, ``clip``,
     ``clip_algorithm``, ``encoder_tp``, ``vpp``, ``recompute``, ``encoder_recompute``,
-    ``precision``, ``lazy``, ``zero``, ``lssp``, ``reorder``, ``lssp_max_rows``, ``encoder``,
-    ``heads``, ``evaluate``, ``log``, ``save``, ``resume``; see ``_fit``):
+    ``precision``, ``lazy``, ``post_norm``, ``zero``, ``lssp``, ``reorder``, ``lssp_max_rows``,
+    ``encoder``, ``heads``, ``evaluate``, ``log``, ``save``, ``resume``; see ``_fit``):
     losses, the metrics logged (rank 0), the encoder group plan's metrics, first-step
     gradients and final hosted parameters (whole), the plain gradients as held, validation
     outputs and predictions, this rank's plan and TP ranks, the parameter and optimizer-state
