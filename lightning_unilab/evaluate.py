@@ -493,11 +493,13 @@ class CheckpointEvaluation:
 def checkpoint_evaluation(checkpoint: Mapping[str, Any], task: str | None = None,
                           params: Mapping[str, float] | None = None,
                           max_steps: int | None = None,
-                          seed: int | None = None) -> CheckpointEvaluation:
+                          seed: int | None = None,
+                          randomize: bool | None = None) -> CheckpointEvaluation:
     """The task and task_kwargs the checkpoint was trained on (the RolloutDataModule's saved
     hyperparameters), with the end-of-training evaluation's settings (EvaluationRollout's
     state), so that a checkpoint is evaluated as training evaluated it. Explicit arguments win,
-    except a ``task`` that disagrees with the checkpoint's, which is refused."""
+    except a ``task`` that disagrees with the checkpoint's, which is refused. ``randomize``:
+    keep the training's randomization and training-only parameters (start noise, pushes)."""
     data = checkpoint.get("datamodule_hyper_parameters") or {}
     saved = data.get("task")
     if saved is not None and task is not None and task_label(task) != task_label(saved):
@@ -514,8 +516,9 @@ def checkpoint_evaluation(checkpoint: Mapping[str, Any], task: str | None = None
         kwargs["randomization"] = data["randomization"]
     task_params = {**(settings.get("task_params") or {}), **(params or {})}
     chosen = saved if saved is not None else task
-    kwargs = evaluation_task_kwargs(kwargs, bool(settings.get("randomize", False)), task_params,
-                                    task=chosen)
+    if randomize is None:
+        randomize = bool(settings.get("randomize", False))
+    kwargs = evaluation_task_kwargs(kwargs, randomize, task_params, task=chosen)
     if "randomization" in kwargs:  # a user's randomization is kept as {class_path, init_args}
         kwargs["randomization"] = build_randomization(kwargs["randomization"])
     return CheckpointEvaluation(

@@ -81,6 +81,10 @@ def test_checkpoint_settings_with_explicit_overrides():
     # randomization off (as EvaluationRollout's default), the callback's params over training's
     assert run.task_kwargs == {"params": {"w_alive": 2.0, "resample_steps": 250}}
     assert checkpoint_evaluation(checkpoint, "g1-walk-flat", max_steps=3, seed=0).max_steps == 3
+    # randomize=True keeps the training's randomization and training-only parameters
+    kept = checkpoint_evaluation(checkpoint, randomize=True).task_kwargs
+    assert kept["randomization"] is checkpoint["datamodule_hyper_parameters"]["randomization"]
+    assert kept["params"] == {"w_alive": 1.0, "resample_steps": 250}
     with pytest.raises(ValueError, match="--task: the checkpoint does not name its task"):
         checkpoint_evaluation({})
 
