@@ -108,6 +108,10 @@ class OmniStrategy(DDPStrategy):
             tensor_parallel=2, encoder_tensor_parallel=1``. Either way the layout is
             validated once, here, and is ``self.dims``; the keyword names stay readable as
             attributes (``strategy.pipeline_parallel``).
+        check_finite: refuse a batch holding NaN or inf in a floating-point tensor before its
+            step, with an ``OmniSpecError`` naming the key and the sample, on every rank (one
+            ``isfinite`` pass per floating-point tensor); False lets it through to Lightning
+            (a NaN loss, then NaN weights).
         **kwargs: passed on to Lightning's ``DDPStrategy`` (e.g. ``process_group_backend``,
             ``cluster_environment``, ``checkpoint_io``).
     """
@@ -125,7 +129,8 @@ class OmniStrategy(DDPStrategy):
                  recompute: bool = False, encoder_recompute: bool = False,
                  virtual_pipeline_parallel: int = 1,
                  tensor_parallel: int = 1, encoder_tensor_parallel: int | None = None,
-                 dims: ParallelDims | None = None, **kwargs: Any) -> None:
+                 dims: ParallelDims | None = None, check_finite: bool = True,
+                 **kwargs: Any) -> None:
         from_keywords = ParallelDims(
             pp=pipeline_parallel, dp=data_parallel, tp=tensor_parallel,
             encoder_tp=encoder_tensor_parallel, vpp=virtual_pipeline_parallel,
@@ -142,10 +147,12 @@ class OmniStrategy(DDPStrategy):
                      f"(pipeline_parallel=, ...), not both; the keywords said {from_keywords}",
                      str(dims))
         boolean("meta_init", meta_init)
+        boolean("check_finite", check_finite)
         super().__init__(timeout=timeout, **kwargs)
         # every degree and option of the layout, validated; ``for_world`` fills in ``dp``
         self.dims: ParallelDims = dims or from_keywords
         self.meta_init = meta_init
+        self.check_finite = check_finite
         self._init_recording: InitRecording | None = None
         self._built_here = False  # this rank materialized its stage from a meta build
         self._elsewhere: dict[int, tuple[int, ...]] = {}  # shapes of what it never built
@@ -195,6 +202,22 @@ class OmniStrategy(DDPStrategy):
     def on_exception(self, exception: BaseException) -> None:
         self._release.failed()
         super().on_exception(exception)
+
+    def teardown(self) -> None:
+        """Lightning's teardown, except the move of a module still on the meta device (its
+        build or spec raised before setup materialized it): there is nothing to move, and the
+        move (meta tensors have no data) would raise over the user's own error."""
+        module = self.lightning_module
+        if module is None or not any(t.is_meta for t in (*module.parameters(),
+                                                            *module.buffers())):
+            super().teardown()
+            return
+        # Lightning's teardown moves `lightning_module` (this attribute) unless it is None
+        self._lightning_module = None
+        try:
+            super().teardown()
+        finally:
+            self._lightning_module = module
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
@@ -306,6 +329,7 @@ class OmniStrategy(DDPStrategy):
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         self.engine = self._engine_for(module)
+        self.engine.check_finite = self.check_finite
         if self._pretrained is not None:  # the meta build's pretrained tensors, now sharded
             sources, skip = self._pretrained
             self._pretrained = None
