@@ -23,6 +23,7 @@ Batch conventions (a dict of tensors, all with the batch dimension first):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -132,9 +133,12 @@ class OmniSpec:
             return [float(c) for c in self.block_costs]
         return [float(sum(p.numel() for p in b.parameters())) or 1.0 for b in self.blocks]
 
-    def check_batch(self, batch: dict[str, Tensor]) -> None:
+    def check_batch(self, batch: dict[str, Tensor], check_finite: bool = True) -> None:
         """Data checks on every batch (a few comparisons over the token ids): keys, sizes,
-        lengths within the padded inputs, placeholder counts equal to the lengths."""
+        lengths within the padded inputs, placeholder counts equal to the lengths; with
+        ``check_finite``, no NaN or inf in any floating-point tensor of the batch (one
+        ``isfinite`` pass each: a NaN input would otherwise become a NaN loss and NaN
+        weights after the optimizer step)."""
         _expect(isinstance(batch, dict), "batch", "a dict of tensors", type(batch).__name__)
         keys = [self.tokens] + [k for m in self.modalities for k in (m.inputs, m.lengths)]
         for k in keys:
@@ -165,6 +169,8 @@ class OmniSpec:
                     f"batch: sample {i} has {int(placeholders[i])} {m.name!r} placeholder "
                     f"tokens (id {m.token_id}) in batch[{self.tokens!r}] but "
                     f"{m.lengths}={int(lengths[i])}; they must be equal")
+        if check_finite:
+            check_finite_batch(batch)
 
     @torch.no_grad()
     def check_shapes(self, batch: dict[str, Tensor], with_loss: bool = True,
@@ -257,6 +263,27 @@ def _check_padding_masked(m: Modality, batch: dict[str, Tensor], run: _PartRunne
             f"on its padding (mask the padded rows: {m.lengths} gives the valid ones), got a "
             f"difference of {gap:.3g} between sample {i}'s {n} rows encoded alone and padded "
             f"to {x.shape[1]}; the runtime encodes samples padded only to their group's longest")
+
+
+def check_finite_batch(batch: Mapping[str, object]) -> None:
+    """Refuse NaN or inf in a floating-point tensor of ``batch``, naming the key, the sample
+    (the batch dimension comes first) and the first bad element. Integer and bool tensors
+    cannot hold either and are not read."""
+    for key, x in batch.items():
+        if not (isinstance(x, Tensor) and x.is_floating_point()) or bool(torch.isfinite(x).all()):
+            continue
+        bad = torch.nonzero(~torch.isfinite(x))
+        first = tuple(int(v) for v in bad[0])
+        value = float(x[first])
+        what = "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        samples = int(bad[:, 0].unique().numel()) if x.dim() else 1
+        where = (f"sample {first[0]} holds {what} (first at index {first}; {bad.shape[0]} "
+                 f"non-finite value(s) in {samples} sample(s))" if x.dim()
+                 else f"holds {what}")
+        raise OmniSpecError(
+            f"batch[{key!r}]: {where}; expected finite values: a NaN or inf input makes the "
+            "loss and then the weights NaN. Fix the data, or set "
+            "OmniStrategy(check_finite=False) to let Lightning handle non-finite input")
 
 
 def scatter_features(h: Tensor, tokens: Tensor, token_id: int, features: Tensor) -> Tensor:

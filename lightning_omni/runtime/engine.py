@@ -34,7 +34,7 @@ from ..plan.schedule import (
     uniform_insertion,
     with_completion_points,
 )
-from ..spec import OmniSpec, Probe
+from ..spec import OmniSpec, OmniSpecError, Probe
 from .executor import StageExecutor, StepMode, StepRecord, split_microbatches
 from .failures import OmniRuntimeError, communicating
 from .hosting import all_buffers, all_parameters
@@ -133,6 +133,7 @@ class OmniEngine:
         self.probe: Probe | None = None
         self.steps = 0  # steps run by this engine (any mode), for error messages
         self.planned_alone: tuple | None = None  # the last plan's, see StepResult
+        self.check_finite = True  # refuse NaN/inf inputs (OmniStrategy(check_finite=...))
         # LSSP / grouped reordering: encoder work as group actions of each stage's
         # data-parallel group (see plan.lssp_schedule); None keeps the per-replica plans.
         # The first batch adds the byte sizes its ALLTOALL counts price.
@@ -262,12 +263,41 @@ class OmniEngine:
         (default: the engine's step count)."""
         where = where or f"step {self.steps}"
         self.steps += 1
-        self.spec.check_batch(batch)
         try:
+            self._check_batch(batch, where)
             return self._step(batch, mode, forward_context)
         except OmniRuntimeError as err:
             raise OmniRuntimeError(f"rank {self.layout.global_rank}, {where} ({mode.value}): {err}"
                                    ) from err
+
+    def _check_batch(self, batch: dict[str, Tensor], where: str) -> None:
+        """``OmniSpec.check_batch`` before any other collective of the step. The ranks of a
+        replica read the same batch and refuse it alike; replicas read different ones, so
+        with several, one small all-reduce tells every rank whether any replica refused its
+        batch and every rank raises that refusal (no replica waits in the step's collectives
+        for one that stopped)."""
+        try:
+            self.spec.check_batch(batch, check_finite=self.check_finite)
+            refusal = None
+        except OmniSpecError as err:
+            refusal = err
+        lay = self.layout
+        if lay.dp > 1:
+            refused = torch.tensor([0 if refusal is None else 1], device=self.device)
+            with communicating(f"all-reduce of the batch checks over all ranks ({where})",
+                               self.timeout):
+                dist.all_reduce(refused, op=dist.ReduceOp.MAX)
+            if int(refused):  # rare: every rank learns the first refusal's words
+                everyone: list = [None] * lay.global_world_size
+                with communicating("all-gather of the batch refusals over all ranks",
+                                   self.timeout):
+                    dist.all_gather_object(everyone, None if refusal is None else str(refusal))
+                rank = next(r for r, msg in enumerate(everyone) if msg is not None)
+                replica = rank // (lay.pp * lay.tp)
+                raise OmniSpecError(f"{everyone[rank]} (replica {replica}'s batch at {where}; "
+                                    "every replica stops)") from refusal
+        if refusal is not None:
+            raise refusal
 
     def _step(self, batch: dict[str, Tensor], mode: StepMode,
               forward_context: Callable[[], AbstractContextManager]) -> StepResult:
