@@ -48,7 +48,8 @@ bench: setup
 	$(PY) benchmarks/rl_cycle.py --out build/rl_cycle.json
 	$(PY) benchmarks/integrations_speed.py --out build/integrations_speed.json
 
-# generated bad input at every public door, time-boxed per door, seed printed (docs/reliability.md)
+# generated bad input at every public entry point, time-boxed per entry point, seed printed
+# (docs/reliability.md)
 FUZZ_SEED ?= 0
 fuzz: setup
 	$(PY) fuzz/campaign.py --examples 2000 --time-box 240 --seed $(FUZZ_SEED) --out build/fuzz.json

@@ -1,16 +1,18 @@
-"""Generated bad input at the public doors: how many inputs, how many crashes, hangs and
-wrong results.
+"""Generated bad input at the public entry points: inputs, crashes, hangs and wrong results.
 
-Each door (``fuzz/doors.py``) runs in its own spawned process, hypothesis drawing up to
-``--examples`` inputs under ``--seed``, until its ``--time-box`` is spent. The process writes
-its counts after every input, so a segfault still leaves them: a process that dies is a crash
-(at the input it was running), one whose current input has run longer than ``--hang-s`` is a
-hang. An input ends as ``ok`` (a correct result, checked by the door), ``refused`` (the door's
-documented exception, naming the argument) or ``wrong`` (anything else; the first few are
-kept with their inputs).
+Each entry point (defined in ``fuzz/doors.py``) runs in its own spawned process, hypothesis
+drawing up to ``--examples`` inputs under ``--seed``, until its ``--time-box`` is spent. The
+process writes its counts after every input, so a segfault still leaves them: a process that
+dies is a crash (at the input it was running), one whose current input has run longer than
+``--hang-s`` is a hang. An input ends as ``ok`` (a correct result, checked by the entry point),
+``refused`` (its documented exception, naming the argument) or ``wrong`` (anything else; the
+first few are kept with their inputs).
 
     python fuzz/campaign.py --examples 2000 --time-box 120 --out build/fuzz.json
-    python fuzz/campaign.py --door "TaskVectorEnv.step" --examples 200 --seed 3
+    python fuzz/campaign.py --entry "TaskVectorEnv.step" --examples 200 --seed 3
+
+The result JSON keeps its keys (``doors``, ``door``): the module and its flag ``--door`` keep
+the campaign's first name for an entry point.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ DOORS_FILE = str(Path(__file__).resolve().parent / "doors.py")
 
 
 def load_doors(registry: str = DOORS_FILE) -> dict[str, Any]:
-    """The doors of ``registry``, a file defining ``DOORS() -> {name: Door}``."""
+    """The entry points of ``registry``, a file defining ``DOORS() -> {name: Door}``."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(Path(registry).stem, registry)
@@ -43,7 +45,7 @@ def load_doors(registry: str = DOORS_FILE) -> dict[str, Any]:
 
 
 def _child(name: str, examples: int, seed: int, out: str, registry: str) -> None:
-    """Knock on one door ``examples`` times; counts to ``out`` after every input."""
+    """Run one entry point ``examples`` times; counts to ``out`` after every input."""
     import torch
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
@@ -117,7 +119,7 @@ def _keep(counts: dict[str, Any], data: Any, what: str) -> None:
 
 def run_door(name: str, examples: int, seed: int, time_box: float, hang_s: float,
              registry: str = DOORS_FILE) -> dict[str, Any]:
-    """One door in a spawned process: its counts plus crashes, hangs and its wall time."""
+    """One entry point in a spawned process: its counts plus crashes, hangs and its wall time."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "counts.json"
         proc = mp.get_context("spawn").Process(target=_child, args=(name, examples, seed,
@@ -175,10 +177,12 @@ def campaign(doors: list[str] | None, examples: int, seed: int, time_box: float,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--door", action="append", default=None, help="a door (repeatable)")
-    parser.add_argument("--examples", type=int, default=500, help="inputs per door at most")
+    parser.add_argument("--entry", "--door", dest="door", action="append", default=None,
+                        metavar="NAME",
+                        help="an entry point by name (repeatable; --door is the old spelling)")
+    parser.add_argument("--examples", type=int, default=500, help="inputs per entry point at most")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--time-box", type=float, default=120.0, help="seconds per door")
+    parser.add_argument("--time-box", type=float, default=120.0, help="seconds per entry point")
     parser.add_argument("--hang-s", type=float, default=30.0,
                         help="one input running longer than this is a hang")
     parser.add_argument("--out", type=Path, default=None)
