@@ -67,6 +67,34 @@ _BATCH_KEYS = ("obs", "critic_obs", "actions", "behaviour_logp", "behaviour_mean
                "last_critic_obs")
 
 
+def _check_fields(batch: dict[str, Any]) -> None:
+    """Every field of the rollout format is present."""
+    for key in _BATCH_KEYS:
+        if key not in batch:
+            raise KeyError(f"batch: missing field {key!r} (expected the fields of "
+                           "lightning_unilab.runtime.rollout)")
+
+
+def check_finite_rollout(batch: dict[str, Any]) -> None:
+    """Refuse NaN or inf in a floating-point field of a rollout slot (time-major ``[T, N,
+    ...]``, ``last_critic_obs`` ``[N, ...]``), naming the field, the step and the env of the
+    first bad value: one reaching the update would make the loss, the normalizers and then
+    the weights NaN. One ``isfinite`` pass per field."""
+    for key in _BATCH_KEYS:
+        x = batch[key]
+        if not x.is_floating_point() or bool(torch.isfinite(x).all()):
+            continue
+        first = tuple(int(v) for v in torch.nonzero(~torch.isfinite(x))[0])
+        value = float(x[first])
+        what = "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        where = (f"env {first[0]}" if key == "last_critic_obs"
+                 else f"step {first[0]}, env {first[1]}")
+        raise ValueError(
+            f"batch[{key!r}]: NaN or inf in the rollout (slot "
+            f"{batch.get('stats', {}).get('seq', '?')}): {where} holds {what} (first at index "
+            f"{first}); the task or the collector produced non-finite values. No update was made")
+
+
 # when the adaptive lr moves: once per update on its KL, or before each minibatch's step
 ADAPT_LR_EVERY = ("update", "minibatch")
 ADVANTAGE_ESTIMATORS = ("auto", "vtrace", "gae")
@@ -389,19 +417,16 @@ class APPOModule(pl.LightningModule):
 
     @torch.no_grad()
     def prepare(self, batch: dict[str, Any]) -> PreparedSlot:
-        """V-trace targets and advantages of one slot under the current weights, flattened."""
-        for key in _BATCH_KEYS:
-            if key not in batch:
-                raise KeyError(f"batch: missing field {key!r} (expected the fields of "
-                               "lightning_unilab.runtime.rollout)")
+        """V-trace targets and advantages of one slot under the current weights, flattened;
+        a slot holding NaN or inf is refused (``check_finite_rollout``)."""
+        _check_fields(batch)
+        check_finite_rollout(batch)
+        return self._prepare(batch)
+
+    @torch.no_grad()
+    def _prepare(self, batch: dict[str, Any]) -> PreparedSlot:
         policy = self._policy
         hp = self.hparams
-        for key in ("obs", "critic_obs", "rewards", "behaviour_logp", "final_critic_obs",
-                    "last_critic_obs"):
-            if not torch.isfinite(batch[key]).all():
-                raise ValueError(f"batch[{key!r}]: NaN or inf in the rollout (slot "
-                                 f"{batch.get('stats', {}).get('seq', '?')}); the task or the "
-                                 "collector produced non-finite values")
         obs, critic_obs = batch["obs"], batch["critic_obs"]
         t, n = batch["rewards"].shape
         if obs.shape[-1] != policy.obs_size or critic_obs.shape[-1] != policy.critic_size:
@@ -484,6 +509,8 @@ class APPOModule(pl.LightningModule):
                 "kl": kl, "approx_kl": a_kl, "clip_fraction": clip_frac}
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        _check_fields(batch)
+        self._refuse_nonfinite(batch)  # before anything reads the slot or changes state
         stats = batch.get("stats", {})
         self._log_rollout(stats)
         version = int(stats.get("policy_version", self.policy_version))
@@ -506,7 +533,7 @@ class APPOModule(pl.LightningModule):
             self._policy.obs_normalizer.update_moments(*obs_moments)
             self._policy.critic_normalizer.update_moments(*critic_moments)
         with denormals_flushed(self.hparams.flush_denormal):
-            slot = self.prepare(batch)
+            slot = self._prepare(batch)  # checked above, on every rank
             if self.hparams.normalize_values:
                 self._policy.value_normalizer.update_preserving(
                     self._policy.critic[-1], *self._moments(slot.returns[:, None]))
@@ -642,6 +669,26 @@ class APPOModule(pl.LightningModule):
 
     def _world_size(self) -> int:
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+    def _refuse_nonfinite(self, batch: dict[str, Any]) -> None:
+        """``check_finite_rollout`` on every learner process together: each learner reads
+        its own slot, so one all-reduce of the refusing rank tells every rank to raise
+        (none waits in the update's collectives for one that stopped)."""
+        try:
+            check_finite_rollout(batch)
+            refusal = None
+        except ValueError as err:
+            refusal = err
+        if self._world_size() > 1:
+            rank = torch.tensor(-1 if refusal is None else dist.get_rank(),
+                                device=batch["obs"].device)
+            first = int(self._reduce(rank, dist.ReduceOp.MAX))
+            if first >= 0 and refusal is None:
+                raise ValueError(f"batch: learner rank {first}'s rollout holds NaN or inf (its "
+                                 "error names the field, step and env); no update was made on "
+                                 "any rank")
+        if refusal is not None:
+            raise refusal
 
     def _reduce(self, x: Tensor, op: Any) -> Tensor:
         """All-reduce across learner processes (identity in one process)."""
