@@ -16,7 +16,11 @@ meanwhile). When the run ends the TensorBoard log directory
 is printed.
 
 Flags are matched exactly: a typo fails and names the closest flag (argparse would otherwise take
-``--data.num_env`` for ``--data.num_envs``). ``--trainer.default_root_dir`` moves the logger's
+``--data.num_env`` for ``--data.num_envs``). A bad value ends in one line naming its flag, what
+was expected and what came (exit code 2), the constructors' checks included
+(:mod:`lightning_omnilab.cli_errors`). The terminal shows env steps, time left and the mean
+return (:class:`~lightning_unilab.progress_bar.RLProgressBar`, unless ``--trainer.callbacks``
+names another progress bar). ``--trainer.default_root_dir`` moves the logger's
 ``save_dir`` (the recipes fix it, so it would otherwise be ignored). ``max_time`` is a budget for
 the whole run: a resumed run gets only what remains of it (Lightning's Timer is checkpointed).
 Checkpoints are written atomically with a digest (``AtomicCheckpointIO`` of
@@ -38,17 +42,20 @@ from typing import Any, NoReturn
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser
 
 from lightning_omnilab.checkpoint_io import use_atomic_checkpoint_io
+from lightning_omnilab.cli_errors import ARGUMENT_ERRORS, OneLineErrorParser, OneLineErrorsCLI
 from lightning_omnilab.process_group import ReleaseAtExit
 from lightning_omnilab.validate import positive_int
 from lightning_unilab.last_checkpoint import LastCheckpointAtEnd
 from lightning_unilab.learner.appo import APPOModule
+from lightning_unilab.progress_bar import RLProgressBar
 from lightning_unilab.runtime.data import RolloutDataModule, learner_threads
 
 __all__ = ["UniLabArgumentParser", "UniLabCLI", "did_you_mean", "main",
-           "set_learner_threads", "use_atomic_checkpoints"]
+           "set_learner_threads", "use_atomic_checkpoints", "use_rl_progress_bar"]
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +100,9 @@ def did_you_mean(message: str, options: Iterable[str],
     return "; ".join([message, *hints])
 
 
-class UniLabArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser without prefix matching, with a did-you-mean for typos."""
+class UniLabArgumentParser(OneLineErrorParser):
+    """LightningCLI's parser without prefix matching, with a did-you-mean for typos, its
+    errors on one line."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)  # else --trainer.max_tim is taken as max_time
@@ -113,7 +121,7 @@ def _logger_configs(logger: Any) -> list[Namespace]:
     return []
 
 
-class UniLabCLI(LightningCLI):
+class UniLabCLI(OneLineErrorsCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", UniLabArgumentParser)
         # the policy is built in setup(), so LightningCLI's --optimizer would get no parameters:
@@ -130,6 +138,16 @@ class UniLabCLI(LightningCLI):
                             help="torch threads of the learner process (default: the rank's "
                                  "CPUs in sync mode, where the collector waits during the "
                                  "update; 1 in async mode)")
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """Lightning's trainer, with :class:`RLProgressBar` in place of Lightning's default
+        bar unless the command named a progress bar (``--trainer.callbacks``) or none."""
+        named = self.config_init["trainer"].get("callbacks")  # before Lightning adds its own
+        named = named if isinstance(named, list) else [named]
+        chosen = any(isinstance(cb, ProgressBar) for cb in named)
+        trainer = super().instantiate_trainer(**kwargs)
+        use_rl_progress_bar(trainer, chosen)
+        return trainer
 
     def before_instantiate_classes(self) -> None:
         """``trainer.default_root_dir`` wins over the recipe's logger ``save_dir``: the logs and
@@ -163,6 +181,17 @@ def set_learner_threads(cli: UniLabCLI) -> int:
     return threads
 
 
+def use_rl_progress_bar(trainer: Any, chosen: bool) -> bool:
+    """Replace the progress bar Lightning added by default with :class:`RLProgressBar` (env
+    steps, time left, return: an endless epoch's batch count says nothing); a bar the user
+    ``chosen`` is kept, and a run without one stays without. Returns whether it was replaced."""
+    default = trainer.progress_bar_callback
+    if chosen or default is None:
+        return False
+    trainer.callbacks[trainer.callbacks.index(default)] = RLProgressBar()
+    return True
+
+
 def use_atomic_checkpoints(trainer: Any) -> bool:
     """Give the trainer's strategy ``AtomicCheckpointIO`` where it has Lightning's default
     ``TorchCheckpointIO``: a run killed during a save keeps its last complete checkpoint, a full
@@ -172,9 +201,16 @@ def use_atomic_checkpoints(trainer: Any) -> bool:
 
 
 def main(args: list[str] | None = None) -> UniLabCLI:
+    """The command. From the command line (``args`` None) a bad argument value ends in one
+    line naming its flag and exit code 2; called with ``args``, the constructor's exception
+    propagates to the caller."""
     cli = UniLabCLI(APPOModule, RolloutDataModule, run=False, seed_everything_default=0,
-                    save_config_kwargs={"overwrite": True}, args=args)
-    set_learner_threads(cli)
+                    save_config_kwargs={"overwrite": True}, args=args,
+                    exit_on_argument_error=args is None)
+    try:
+        set_learner_threads(cli)
+    except ARGUMENT_ERRORS as err:
+        cli.argument_error(err)
     trainer = cli.trainer
     use_atomic_checkpoints(trainer)
     if not any(isinstance(cb, LastCheckpointAtEnd) for cb in trainer.callbacks):
