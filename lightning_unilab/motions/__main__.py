@@ -28,6 +28,7 @@ from lightning_unilab.motions.convert import QUAT_ORDERS, clip_to_csv, csv_to_cl
 from lightning_unilab.motions.flip import flip_report, make_flip
 from lightning_unilab.motions.floor import floor_demand
 from lightning_unilab.motions.keyframes import TRACKED_BODIES, make_dance
+from lightning_unilab.motions.torque import joint_demand
 
 DEFAULT_MODEL = "g1-walk-flat"
 
@@ -129,6 +130,7 @@ def _run(args: argparse.Namespace) -> None:
         print("\n".join(clip_report(clip, model).lines()))
         if root_body_name(model) in clip.body_names:
             print("\n".join(floor_demand(clip, model).lines()))
+            print("\n".join(joint_demand(clip, model).lines()))
     else:
         clip = (make_dance if args.command == "make-dance" else make_flip)(model, args.npz)
         print(f"{args.npz}: {clip.num_frames} frames at {clip.fps:g} fps, "

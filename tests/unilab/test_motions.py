@@ -333,7 +333,7 @@ def test_cli(model: mujoco.MjModel, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert np.loadtxt(csv, delimiter=",").shape == (101, 36)
     assert main(["info", npz]) == 0
     out = capsys.readouterr().out
-    assert "frames            101" in out and "max penetration" in out
+    assert "frames            101" in out and "max penetration" in out and "joint torque" in out
     assert main(["info", str(tmp_path / "none.npz")]) == 2
     assert main(["csv2npz", csv, npz, "--fps", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
