@@ -309,7 +309,10 @@ def knock_omni_batch(good: tuple[Any, dict], data: Any) -> None:
     for _ in range(data.draw(st.integers(0, 3))):
         _mutate(batch, data)
     spec.check_batch(batch)
-    # accepted: the rules check_batch promises hold
+    # accepted: the rules check_batch promises hold; NaN or inf let through is a silent NaN
+    for key, x in batch.items():
+        expect(not (isinstance(x, torch.Tensor) and x.is_floating_point())
+               or bool(torch.isfinite(x).all()), f"NaN or inf in batch[{key!r}] accepted")
     tokens = batch[spec.tokens]
     for m in spec.modalities:
         lengths, x = batch[m.lengths], batch[m.inputs]
@@ -319,6 +322,65 @@ def knock_omni_batch(good: tuple[Any, dict], data: Any) -> None:
                f"{m.name} placeholders unequal to {m.lengths} accepted")
     probe = spec.check_shapes(batch)
     expect(probe.hidden > 0, f"probe {probe}")
+
+
+# -- the RL learner's rollout slots ---------------------------------------------------------------
+ROLLOUT_FLOATS = ("obs", "critic_obs", "actions", "behaviour_logp", "behaviour_mean",
+                  "behaviour_log_std", "rewards", "final_critic_obs", "last_critic_obs")
+
+
+def _appo_slot():
+    """A slot of 4 pendulum envs x 4 steps collected by a small policy, and a Fabric that gives
+    APPOModule its optimizer without a Trainer (one update per input)."""
+    import torch
+    from lightning.fabric import Fabric
+
+    from lightning_unilab import TaskVectorEnv
+    from lightning_unilab.learner.policy import ActorCritic
+    from lightning_unilab.runtime.rollout import RolloutSpec, RolloutState, as_tensors, collect
+
+    torch.manual_seed(0)
+    policy = ActorCritic(4, 4, 1, actor_hidden=(8,), critic_hidden=(8,))
+    env = TaskVectorEnv("InvertedPendulum-v5", 4, num_threads=1, seed=0)
+    spec = RolloutSpec.from_env(env, 4)
+    arrays = spec.allocate()
+    collect(env, policy, arrays, RolloutState.start(env, seed=0))
+    env.close()
+    return policy, as_tensors(arrays), Fabric(accelerator="cpu", devices=1)
+
+
+def knock_appo_batch(good: tuple[Any, dict, Any], data: Any) -> None:
+    """One APPO update (``training_step``) on a slot with up to 3 values replaced at drawn
+    places, by NaN, inf or a finite value. Refused: the learner must be as before (weights,
+    normalizer statistics, version); accepted: every value it holds must be finite."""
+    import torch
+
+    from lightning_unilab.learner.appo import APPOModule
+
+    policy, base, fabric = good
+    batch = dict(base)
+    for _ in range(data.draw(st.integers(0, 3))):
+        key = data.draw(st.sampled_from(ROLLOUT_FLOATS))
+        flat = batch[key].clone().reshape(-1)
+        flat[data.draw(st.integers(0, flat.numel() - 1))] = data.draw(
+            st.one_of(st.sampled_from([math.nan, math.inf, -math.inf]), st.floats(-5.0, 5.0)))
+        batch[key] = flat.reshape(base[key].shape)
+    module = APPOModule(policy=copy.deepcopy(policy), epochs=1, minibatches=2)
+    module.setup("fit")
+    fabric.setup(module, module.configure_optimizers())
+    before = copy.deepcopy(module.policy.state_dict())
+    try:
+        module.training_step(batch, 0)
+    except ValueError:
+        after = module.policy.state_dict()
+        expect(module.policy_version == 0 and all(torch.equal(after[k], v)
+                                                  for k, v in before.items()),
+               "a refused slot changed the learner")
+        raise
+    expect(module.policy_version == 1, f"version {module.policy_version} after one update")
+    for name, value in module.policy.state_dict().items():
+        expect(not value.is_floating_point() or bool(torch.isfinite(value).all()),
+               f"NaN or inf reached the learner's {name}")
 
 
 # -- the ring -----------------------------------------------------------------------------------
@@ -452,6 +514,7 @@ def _doors() -> dict[str, Door]:
              tuple(APPO_ARGS)),
         Door("OmniSpec batch", _omni_spec, knock_omni_batch, (OmniSpecError,),
              ("batch", "embedding", "modalities", "blocks", "head", "loss")),
+        Door("APPO batch", _appo_slot, knock_appo_batch, (ValueError,), ("batch",)),
     )}
 
 
