@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
 
 
 class SavedTensorMeter:
@@ -66,7 +67,12 @@ def _storages(t: Tensor) -> list[tuple[int, int]]:
         inner = [getattr(t, name) for name in flatten()[0]]
         return [s for x in inner if isinstance(x, Tensor) for s in _storages(x)]
     storage = t.untyped_storage()
-    return [(storage.data_ptr(), storage.nbytes())] if storage.nbytes() else []
+    if not storage.nbytes():
+        return []
+    # a fake tensor's storage (FakeTensorMode, lightning_omni.fake_run) has no data pointer
+    # (0 for all): the address of its storage object tells it apart instead
+    key = storage._cdata if isinstance(t, FakeTensor) else storage.data_ptr()
+    return [(key, storage.nbytes())]
 
 
 class _Held:
