@@ -11,9 +11,10 @@ of an epoch that never ends, against no total. :class:`RLProgressBar` (Lightning
 
 The numbers: env steps are those of the rollouts trained on (the data module's ``counters``,
 times the ranks under DDP, each of which collects as many); their rate is over this run's wall
-time since its first batch; the time left is the sooner of ``max_time`` (Lightning's ``Timer``,
-which counts a resumed run's earlier time) and ``max_steps`` at this run's step rate; the return
-is the mean the learner logs (``rollout/return``). The formatting is pure
+time since training started (after the collector's start); the time left is the sooner of
+``max_time`` (Lightning's ``Timer``, which counts a resumed run's earlier time) and
+``max_steps`` at this run's step rate; the return is the mean the learner logs
+(``rollout/return``). The formatting is pure
 (:func:`progress_text`), so it is tested without training.
 """
 
@@ -105,7 +106,7 @@ def _env_steps(trainer: Any) -> int | None:
 def read_progress(trainer: Any, started: tuple[float, int, int | None] | None,
                   now: float | None = None) -> RLProgress:
     """The progress of ``trainer``'s run; ``started``: (monotonic time, global step, env steps)
-    at this run's first batch, the base of the rates (None: no rates yet)."""
+    when this run's training started, the base of the rates (None: no rates yet)."""
     now = time.monotonic() if now is None else now
     step = int(trainer.global_step)
     max_steps = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps > 0 \
@@ -151,25 +152,26 @@ class RLProgressBar(TQDMProgressBar):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        self._started = None
+        # the rates start here: the data loader (the collector's start) is set up already
+        env_steps = _env_steps(trainer)
+        self._started = (time.monotonic(), trainer.global_step,
+                         0 if env_steps is None else env_steps)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
         super().on_train_epoch_start(trainer, *args)
         self.train_progress_bar.total = None
-        self.train_progress_bar.set_description(self.text(trainer), refresh=False)
+        self.train_progress_bar.set_description_str(self.text(trainer), refresh=False)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._started is None:  # the rates start here: the collector's start is not in them
-            self._started = (time.monotonic(), trainer.global_step, _env_steps(trainer))
         bar = self.train_progress_bar
         if bar is not None and not bar.disable and self._should_update(batch_idx + 1, None):
             bar.n = batch_idx + 1
-            bar.set_description(self.text(trainer, pl_module))
+            bar.set_description_str(self.text(trainer, pl_module))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.train_progress_bar.disable:
-            self.train_progress_bar.set_description(self.text(trainer, pl_module))
+            self.train_progress_bar.set_description_str(self.text(trainer, pl_module))
         if self._leave:
             self.train_progress_bar.close()
 

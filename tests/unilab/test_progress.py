@@ -6,6 +6,7 @@ return, never Lightning's batch count of an endless epoch (``Epoch 0/-2 ... 1285
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -42,7 +43,7 @@ def _trainer(step: int, max_steps: int = -1, timer: Timer | None = None,
 
 def test_an_endless_run_with_max_time_shows_env_steps_time_left_and_return():
     trainer = _trainer(1285, timer=FixedTimer(180, 60))
-    # the run's first batch was 50 s ago, at step 285 and 31,072 env steps
+    # this run's training started 50 s ago, at step 285 and 31,072 env steps
     progress = read_progress(trainer, started=(100.0, 285, 31_072), now=150.0)
     assert progress == RLProgress(step=1285, max_steps=None, env_steps=131_072,
                                   env_steps_per_s=2000.0, elapsed_s=60, remaining_s=120,
@@ -94,3 +95,20 @@ def test_train_installs_the_bar_unless_the_command_chose_one_or_none():
     assert not use_rl_progress_bar(mine, chosen=True)
     assert type(mine.callbacks[0]) is TQDMProgressBar
     assert not use_rl_progress_bar(trainer(Timer()), chosen=False)  # enable_progress_bar false
+
+
+def test_a_tiny_recipe_run_shows_the_rl_line(tmp_path, capsys):
+    from lightning_unilab.train import main
+
+    recipe = str(Path(__file__).resolve().parents[2] / "recipes/unilab/inverted_pendulum.yaml")
+    cli = main(["--config", recipe, "--trainer.default_root_dir", str(tmp_path),
+                "--trainer.max_steps", "4", "--data.mode", "sync", "--data.num_envs", "8",
+                "--data.horizon", "8"])
+    assert isinstance(cli.trainer.progress_bar_callback, RLProgressBar)
+    lines = [s for s in re.split(r"[\r\n]", capsys.readouterr().out) if s.startswith("step ")]
+    assert lines, "no progress line written"
+    # one rollout: 5 epochs x 4 minibatches of optimizer steps, past max_steps=4 (Lightning's
+    # count, which stops the run after that batch)
+    assert re.fullmatch(r"step 20/4 \| env steps \d[\d,.]*k? \([\d,.]+k?/s\) \| \d\d:\d\d elapsed, "
+                        r"\d\d:\d\d left( \| return [-\d.e+]+)? \| v_num=0", lines[-1]), lines[-1]
+    assert not NO_LIGHTNING_COUNTS.search(lines[-1].split(" | v_num")[0]), lines[-1]
