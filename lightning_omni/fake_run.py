@@ -235,8 +235,8 @@ class _BatchRunsReal(TorchDispatchMode):
             func, args, kwargs = torch.ops.aten.index.Tensor, (x.expand(shape), rows), {}
         out = func(*args, **kwargs)
         for t in tree_flatten(out)[0]:
-            if isinstance(t, Tensor) and _is_fake(t):
-                self._count(t.untyped_storage())
+            for inner in _plain(t):
+                self._count(inner.untyped_storage())
         return out
 
     def _count(self, storage: torch.UntypedStorage) -> None:
@@ -251,6 +251,17 @@ class _BatchRunsReal(TorchDispatchMode):
     def _free(self, key: int, nbytes: int) -> None:
         self._seen.discard(key)
         self.live -= nbytes
+
+
+def _plain(t: object) -> list[Tensor]:
+    """The fake tensors holding ``t``'s memory (a DTensor's local shard, see ``_is_fake``)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(t, FakeTensor):
+        return [t]
+    if isinstance(t, Tensor) and hasattr(t, "__tensor_flatten__"):
+        return [x for n in t.__tensor_flatten__()[0] for x in _plain(getattr(t, n))]
+    return []
 
 
 def _is_fake(x: object) -> bool:
