@@ -135,7 +135,8 @@ class RLProgressBar(TQDMProgressBar):
 
     Args:
         refresh_rate: update the line every this many batches (Lightning's meaning).
-        process_position, leave: as Lightning's ``TQDMProgressBar``.
+        process_position: as Lightning's ``TQDMProgressBar``.
+        leave: as Lightning's ``TQDMProgressBar``.
     """
 
     TRAIN_FORMAT = "{desc}"  # the line is the description: no batch count of an endless epoch
