@@ -47,7 +47,6 @@ from lightning.pytorch.cli import LightningArgumentParser
 
 from lightning_omnilab.checkpoint_io import use_atomic_checkpoint_io
 from lightning_omnilab.cli_errors import ARGUMENT_ERRORS, OneLineErrorParser, OneLineErrorsCLI
-from lightning_omnilab.process_group import ReleaseAtExit
 from lightning_omnilab.validate import positive_int
 from lightning_unilab.last_checkpoint import LastCheckpointAtEnd
 from lightning_unilab.learner.appo import APPOModule
@@ -217,7 +216,6 @@ def main(args: list[str] | None = None) -> UniLabCLI:
         trainer.callbacks.append(LastCheckpointAtEnd())  # last.ckpt = the policy trained
     try:
         trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config["ckpt_path"])
-        ReleaseAtExit().arm()  # a DDP run's gloo group (Lightning destroys NCCL's only)
     finally:
         log_dir = _log_dir(trainer)
         if log_dir is not None and trainer.is_global_zero:

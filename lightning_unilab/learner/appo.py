@@ -30,6 +30,7 @@ from torch import Tensor
 from torchmetrics.aggregation import RunningMean
 
 from lightning_omnilab import quiet
+from lightning_omnilab.process_group import ReleaseAtExit
 from lightning_omnilab.validate import (
     non_negative_int,
     number,
@@ -744,6 +745,12 @@ class APPOModule(pl.LightningModule):
         version = getattr(self._datamodule(), "policy_version", None)
         if isinstance(version, int) and not isinstance(version, bool):
             self.policy_version = max(self.policy_version, version)
+
+    def on_fit_end(self) -> None:
+        # a DDP run's gloo group, under any Trainer (Lightning destroys NCCL's only); Lightning
+        # skips this hook when the fit raised, so a failed run exits with its traceback
+        if dist.is_available() and dist.is_initialized():
+            ReleaseAtExit().arm()
 
     def _log_rollout(self, stats: dict[str, Any]) -> None:
         if not stats:

@@ -703,3 +703,20 @@ def test_default_trace_weights_keep_their_mean_on_lagged_data():
     # capped at 1: 1 - TV, TV = 2 Phi(shift / (2 std)) - 1 for two Gaussians of one std
     tv = 2 * Normal(0.0, 1.0).cdf(torch.tensor(shift / (2 * std))).item() - 1
     assert ratio.clamp(max=1.0).mean().item() == pytest.approx(1 - tv, abs=0.01)
+
+
+def test_a_distributed_fit_releases_its_group_at_exit(monkeypatch):
+    """Under any Trainer, a DDP fit that ended cleanly destroys its gloo group before the
+    interpreter finalizes (a gloo thread killed mid-destructor aborts a rank that succeeded);
+    a single-process fit arms nothing."""
+    import lightning_unilab.learner.appo as appo
+
+    armed = []
+    monkeypatch.setattr(appo.ReleaseAtExit, "arm", lambda self: armed.append(self))
+    module = APPOModule()
+    monkeypatch.setattr(appo.dist, "is_initialized", lambda: False)
+    module.on_fit_end()
+    assert armed == []
+    monkeypatch.setattr(appo.dist, "is_initialized", lambda: True)
+    module.on_fit_end()
+    assert len(armed) == 1
