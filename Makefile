@@ -52,7 +52,7 @@ bench: setup
 # (docs/reliability.md)
 FUZZ_SEED ?= 0
 fuzz: setup
-	$(PY) fuzz/campaign.py --examples 2000 --time-box 240 --seed $(FUZZ_SEED) --out build/fuzz.json
+	$(PY) fuzz/campaign.py --examples 3000 --time-box 600 --seed $(FUZZ_SEED) --out build/fuzz.json
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,10 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def campaign(doors: list[str] | None, examples: int, seed: int, time_box: float,
-             hang_s: float, registry: str = DOORS_FILE) -> list[dict[str, Any]]:
+             hang_s: float, registry: str = DOORS_FILE,
+             on_result: Callable[[list[dict[str, Any]]], None] | None = None,
+             ) -> list[dict[str, Any]]:
+    """Every entry point in turn; ``on_result(results)`` sees the results so far after each."""
     names = doors or list(load_doors(registry))
     rows = []
     for name in names:
@@ -172,6 +176,8 @@ def campaign(doors: list[str] | None, examples: int, seed: int, time_box: float,
         for ex in row["examples"]:
             print(f"    wrong: {ex['what']}\n      input: {ex['input']}")
         rows.append(row)
+        if on_result is not None:
+            on_result(rows)
     return rows
 
 
@@ -187,14 +193,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="one input running longer than this is a hang")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    rows = campaign(args.door, args.examples, args.seed, args.time_box, args.hang_s)
-    total = {k: sum(r[k] for r in rows) for k in ("inputs", "wrong", "crashes", "hangs")}
+    t0 = time.monotonic()
+
+    def save(rows: list[dict[str, Any]], finished: bool = False) -> dict[str, int]:
+        """The results so far to ``--out``: a long run interrupted keeps what it counted."""
+        total = {k: sum(r[k] for r in rows) for k in ("inputs", "wrong", "crashes", "hangs")}
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({
+                "seed": args.seed, "examples": args.examples, "time_box": args.time_box,
+                "finished": finished, "seconds": round(time.monotonic() - t0, 1),
+                "doors": rows, "total": total}, indent=1))
+        return total
+
+    rows = campaign(args.door, args.examples, args.seed, args.time_box, args.hang_s,
+                    on_result=save)
+    total = save(rows, finished=True)
     print(f"total: {total['inputs']} inputs, {total['wrong']} wrong, {total['crashes']} "
-          f"crashes, {total['hangs']} hangs (seed {args.seed})")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"seed": args.seed, "examples": args.examples,
-                                        "doors": rows, "total": total}, indent=1))
+          f"crashes, {total['hangs']} hangs (seed {args.seed}, {round(time.monotonic() - t0)} s)")
     return 1 if total["wrong"] or total["crashes"] or total["hangs"] else 0
 
 
