@@ -144,6 +144,25 @@ def test_the_floor_can_push_it(shipped, model: mujoco.MjModel) -> None:
         assert demand.cop_outside[k] == 0.0 and demand.normal[k] == pytest.approx(1.0, abs=1e-6)
 
 
+def test_the_motors_can_nearly_make_it(shipped, model: mujoco.MjModel) -> None:
+    """The shipped flip asks no joint more than 1.7 x its motor's torque limit (the first
+    keyframed flip asked the 50 N m waist pitch for 5 x), and check_flip names a torque beyond
+    the bound."""
+    from dataclasses import replace
+
+    from lightning_unilab.motions.flip import MAX_TORQUE_RATIO, check_flip
+    from lightning_unilab.motions.torque import joint_demand
+
+    clip, _ = shipped
+    demand = joint_demand(clip, model)
+    assert 1.0 < demand.max_ratio <= MAX_TORQUE_RATIO == 1.7
+    report = flip_report(clip, model)
+    check_flip(report)
+    doubled = replace(demand, torque=demand.torque * 2.0)
+    with pytest.raises(RuntimeError, match=r"a joint needs 3\.\d\d x its motor's torque limit"):
+        check_flip(replace(report, torque=doubled))
+
+
 def test_generator_and_command_reproduce_the_shipped_clip(model: mujoco.MjModel,
                                                           tmp_path: Path) -> None:
     shipped = load_clip(FLIP, model)
