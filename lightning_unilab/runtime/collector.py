@@ -21,6 +21,12 @@ alive but silent (stopped by SIGSTOP, stuck) is what ``acquire``'s timeout is fo
 :meth:`Collector.silent_error` names it and its process state. The collector watches a pipe
 whose only write end the learner holds (EOF once the learner is gone, even SIGKILLed) between
 rollouts and in every wait; then it unlinks the ring and the weight board itself and exits.
+
+Checkpoints: the same pipe carries the learner's request for the collection's state
+(:meth:`Collector.get_state`), answered between two rollouts (after a commit, or while waiting
+for a free slot or new weights): the envs, the running observations and counters, and the
+action-sampling stream, as the next rollout would start from them. A collector started with
+such a state (``start(resume=...)``) continues from it.
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ from lightning_unilab.runtime.rollout import RolloutSpec, RolloutState, collect
 from lightning_unilab.runtime.shm import unlink_name
 from lightning_unilab.runtime.weights import BoardHandle, WeightBoard
 
-__all__ = ["Collector", "CollectorConfig", "CollectorError", "MODES", "available_cpus"]
+__all__ = ["Collector", "CollectorConfig", "CollectorError", "MODES", "available_cpus",
+           "collection_state", "restore_collection"]
 
 MODES = ("async", "sync")
 
@@ -113,20 +120,57 @@ class _ParentGone(Exception):
     pass
 
 
+def collection_state(seed: int, env: Any, state: RolloutState,
+                     action_rng: torch.Tensor) -> dict[str, Any]:
+    """What the next rollouts depend on besides the weights, between two rollouts: the env's
+    full state (:meth:`TaskVectorEnv.get_state`), the rollout's running observations and
+    counters, and the action-sampling stream; plain data (numpy arrays, a uint8 tensor, ints)."""
+    return {"seed": seed, "env": env.get_state(), "rollout": state.get_state(),
+            "action_rng": action_rng.clone()}
+
+
+def restore_collection(saved: dict[str, Any], seed: int, env: Any,
+                       state: RolloutState) -> torch.Tensor:
+    """Put :func:`collection_state`'s ``saved`` into a started ``env`` and ``state``; returns the
+    action-sampling stream to continue. ValueError naming the entry where ``saved`` is of
+    another task, env count or seed."""
+    if saved.get("seed") != seed:
+        raise ValueError(f"state['seed']: saved by a collector seeded {saved.get('seed')!r}, "
+                         f"this one is seeded {seed}")
+    rng = saved.get("action_rng")
+    if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8 or (
+            rng.shape != torch.get_rng_state().shape):
+        raise ValueError("state['action_rng']: expected the uint8 state of a CPU "
+                         "torch.Generator")
+    env.set_state(saved.get("env"))
+    version = state.policy_version
+    state.set_state(saved.get("rollout"))
+    state.policy_version = version  # the weights are the learner's to say
+    return rng.clone()
+
+
 def _main(config: CollectorConfig, ring_handle: RingHandle, board_handle: BoardHandle,
-          policy_bytes: bytes, lifeline: Any, conn: Any) -> None:
+          policy_bytes: bytes, lifeline: Any, conn: Any,
+          resume: dict[str, Any] | None = None) -> None:
     """Body of the collector process.
 
     ``lifeline`` is the read end of a pipe whose only write end the learner holds: it becomes
-    readable (EOF) when the learner is gone, however it died.
+    readable (EOF) when the learner is gone, however it died; the learner also sends its
+    requests for the collection's state through it.
     """
     # the learner decides when we stop; Ctrl+C in a terminal reaches the whole process group
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ring = board = env = None
 
     def alive() -> None:
-        if lifeline.poll():
-            raise _ParentGone
+        while lifeline.poll():
+            try:
+                request = lifeline.recv()
+            except (EOFError, OSError):
+                raise _ParentGone from None
+            if request == "state":  # called between rollouts only: a consistent state
+                conn.send(("state", collection_state(config.seed, env, state,
+                                                     torch.get_rng_state())))
 
     try:
         # the pool's threads step the envs; the actor's batch is a few small matmuls, and extra
@@ -145,6 +189,8 @@ def _main(config: CollectorConfig, ring_handle: RingHandle, board_handle: BoardH
         state = RolloutState.start(env, seed=config.seed)
         if config.counters:
             state.load_counters(dict(config.counters))
+        if resume is not None:
+            torch.set_rng_state(restore_collection(resume, config.seed, env, state))
         state.policy_version = board.read_into(policy)
         conn.send(("ready", None))
         used: int | None = None  # weights version of the previous rollout
@@ -267,8 +313,9 @@ class Collector:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, timeout: float = 300.0) -> None:
-        """Spawn the process and wait until it has built its env and stepped into its loop."""
+    def start(self, timeout: float = 300.0, resume: dict[str, Any] | None = None) -> None:
+        """Spawn the process and wait until it has built its env and stepped into its loop;
+        with ``resume`` (a :meth:`get_state`), its envs continue from there."""
         ctx = _context()
         parent, child = ctx.Pipe(duplex=False)
         life_r, life_w = ctx.Pipe(duplex=False)
@@ -276,7 +323,7 @@ class Collector:
         self._proc = ctx.Process(
             target=_main, name=f"omnilab-collector-{self.config.seed}", daemon=True,
             args=(self.config, self.ring.handle, self.board.handle, self._policy_bytes,
-                  life_r, child))
+                  life_r, child, resume))
         self._proc.start()
         child.close()
         life_r.close()
@@ -341,6 +388,28 @@ class Collector:
         detail = (f":\n{self._error}" if self._error
                   else " (no traceback: it did not get to send one)")
         raise CollectorError(f"the collector process {self._name()} {how}{detail}")
+
+    def get_state(self, timeout: float = 300.0) -> dict[str, Any]:
+        """The collection's state (:func:`collection_state`) as the collector's next rollout
+        starts from it: asked through the lifeline, answered once its current rollout is
+        committed. CollectorError if the process dies or does not answer within ``timeout``."""
+        if self._lifeline is None or not self.running:
+            self.check()
+            raise RuntimeError("Collector.get_state: the collector is not running")
+        self._lifeline.send("state")
+        deadline = time.monotonic() + timeout
+        while not self._conn.poll(0.05):
+            self.check()
+            if time.monotonic() > deadline:
+                raise self.silent_error(timeout)
+        kind, payload = self._conn.recv()
+        if kind != "state":
+            self._error = payload
+            self._proc.join(5.0)
+            self.check()
+            raise CollectorError(f"the collector process {self._name()} answered {kind!r} to a "
+                                 "request for its state")
+        return payload
 
     def silent_error(self, waited: float) -> CollectorError:
         """The error for a collector that is alive but sent no rollout for ``waited`` s."""

@@ -43,9 +43,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_omnilab import quiet
+from lightning_omnilab.process_group import ReleaseAtExit
 from lightning_omnilab.validate import boolean, one_of, positive_number
 from lightning_unilab.envs.randomization import Randomization, randomization_config
 from lightning_unilab.envs.tasks import pin_model_params
@@ -119,6 +121,15 @@ def learner_threads(mode: str, local_ranks: int = 1, learner_on_cpu: bool = True
 def _cpu_share(local_ranks: int) -> int:
     """One rank's share of this machine's CPUs."""
     return max(1, available_cpus() // max(1, local_ranks))
+
+
+def _every_rank(obj: Any) -> list[Any]:
+    """``obj`` of every rank (gathered under torch.distributed), or ``[obj]``."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _identity(batch: Any) -> Any:
@@ -288,7 +299,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self._pinned: PinnedRegion | None = None
         self._fetched: int | None = None  # the slot the latest batch views (zero copy)
         self._device_copies: dict[int, Any] = {}  # slot -> CUDA event of its copy
-        self._collection: dict[str, Any] | None = None  # a checkpoint's, until the next start
+        self._collections: list[dict[str, Any]] = []  # a checkpoint's, until the next start
 
     # ------------------------------------------------------------------ sizes
 
@@ -332,6 +343,7 @@ class RolloutDataModule(pl.LightningDataModule):
             self.config = CollectorConfig(**{**self.config.__dict__, "threads": threads})
         config = CollectorConfig(**{**self.config.__dict__, "seed": self.config.seed + rank,
                                     "counters": self.counters or None})
+        resume = self._saved_collection(config.seed)
         # a resumed run continues its version numbers (the module checkpoints its own count)
         if self._collects_inline(trainer is None or on_cpu):
             self.collector = InlineCollector(config, policy, self.rollout_spec,
@@ -340,8 +352,7 @@ class RolloutDataModule(pl.LightningDataModule):
             self.collector = Collector(config, policy, self.num_slots, self.writer_policy,
                                        spec=self.rollout_spec, version=self.policy_version)
         try:
-            self.collector.start(self.start_timeout)
-            self._continue_collection(self.collector)
+            self.collector.start(self.start_timeout, resume=resume)
         except BaseException:
             self.stop_collector()
             raise
@@ -405,6 +416,10 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def teardown(self, stage: str) -> None:
         self.stop_collector()
+        # a DDP run's gloo group, whatever the LightningModule (APPOModule arms it too);
+        # Lightning calls this hook only after a fit that did not raise
+        if dist.is_available() and dist.is_initialized():
+            ReleaseAtExit().arm()
 
     def on_exception(self, exception: BaseException) -> None:
         self.stop_collector()
@@ -412,14 +427,19 @@ class RolloutDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------------ checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        """Counters and the weights version; collecting inline (sync, CPU learner), also the
-        collection's whole state (:meth:`InlineCollector.get_state`: envs, running
-        observations, action stream), so that a resumed run collects what the uninterrupted
-        run would have. A collector process's envs are not saved: they start afresh."""
+        """Counters, the weights version, and every rank's collection state (``collections``,
+        gathered under DDP: each rank's envs, running observations and action stream,
+        :func:`~lightning_unilab.runtime.collector.collection_state`). Collecting in this
+        process (sync, CPU learner) that is where the next rollout starts, so a resumed run
+        collects what the uninterrupted run would have; a collector process answers between
+        two rollouts, after the rollouts already in the ring (docs/reliability.md, "Resume")."""
         state = {"counters": dict(self.counters), "policy_version": self.policy_version,
                  "slots_read": self.slots_read, "slots_dropped": self.slots_dropped}
-        if isinstance(self.collector, InlineCollector) and self.collector.running:
-            state["collection"] = pack(self.collector.get_state())
+        collector = self.collector
+        mine = collector.get_state() if collector is not None and collector.running else None
+        collections = [pack(c) for c in _every_rank(mine) if c is not None]
+        if collections:
+            state["collections"] = collections
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -427,22 +447,19 @@ class RolloutDataModule(pl.LightningDataModule):
         self.policy_version = int(state_dict.get("policy_version", 0))
         self.slots_read = int(state_dict.get("slots_read", 0))
         self.slots_dropped = int(state_dict.get("slots_dropped", 0))
-        collection = state_dict.get("collection")
-        self._collection = unpack(collection) if collection is not None else None
+        saved = state_dict.get("collections")
+        if saved is None:  # a checkpoint of one collection, rank 0's (before DDP ranks saved)
+            saved = [state_dict["collection"]] if "collection" in state_dict else []
+        self._collections = [unpack(c) for c in saved]
 
-    def _continue_collection(self, collector: Collector | InlineCollector) -> None:
-        """Give a started collector the checkpoint's collection state, where it can take it."""
-        saved, self._collection = self._collection, None
-        if saved is None:
-            return
-        if not isinstance(collector, InlineCollector):
-            log.info("resuming: the collector process starts fresh episodes (only a sync run "
-                     "collecting in the learner's process continues its envs exactly)")
-        elif saved.get("seed") != collector.config.seed:  # another rank's envs, under DDP
+    def _saved_collection(self, seed: int) -> dict[str, Any] | None:
+        """The checkpoint's collection state of the envs seeded ``seed`` (this rank's), once."""
+        saved, self._collections = self._collections, []
+        mine = [c for c in saved if c.get("seed") == seed]
+        if saved and not mine:  # a resume with more ranks than the run saved
             log.info("resuming: this rank's envs (seed %d) start fresh episodes; the checkpoint "
-                     "holds those of seed %s", collector.config.seed, saved.get("seed"))
-        else:
-            collector.set_state(saved)
+                     "holds those of seeds %s", seed, [c.get("seed") for c in saved])
+        return mine[0] if mine else None
 
     # ------------------------------------------------------------------ the stream
 

@@ -25,7 +25,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from lightning_unilab.runtime.collector import CollectorConfig, check_policy
+from lightning_unilab.runtime.collector import (
+    CollectorConfig,
+    check_policy,
+    collection_state,
+    restore_collection,
+)
 from lightning_unilab.runtime.rollout import RolloutSpec, RolloutState, collect
 
 __all__ = ["InlineCollector"]
@@ -71,8 +76,10 @@ class InlineCollector:
         self._state: RolloutState | None = None
         self._next_slot = 0
 
-    def start(self, timeout: float = 300.0) -> None:  # noqa: ARG002 - the process's signature
-        """Build the env and reset it (the process collector's start, in this process)."""
+    def start(self, timeout: float = 300.0,  # noqa: ARG002 - the process's signature
+              resume: dict[str, Any] | None = None) -> None:
+        """Build the env and reset it (the process collector's start, in this process); with
+        ``resume`` (a :meth:`get_state`), continue from there."""
         env = self.config.make_env()
         try:
             state = RolloutState.start(env, seed=self.config.seed)
@@ -87,6 +94,8 @@ class InlineCollector:
         log.info("collecting in the learner's process (sync mode): task %s, %d envs x %d steps "
                  "per rollout, %d pool threads, seed %d", config.task, config.num_envs,
                  config.horizon, config.threads, config.seed)
+        if resume is not None:
+            self.set_state(resume)
 
     @property
     def running(self) -> bool:
@@ -135,8 +144,7 @@ class InlineCollector:
         collects the rollouts the uninterrupted run would have."""
         if self._env is None or self._state is None:
             raise RuntimeError("InlineCollector: not started (or stopped)")
-        return {"seed": self.config.seed, "env": self._env.get_state(),
-                "rollout": self._state.get_state(), "action_rng": self._rng.clone(),
+        return {**collection_state(self.config.seed, self._env, self._state, self._rng),
                 "next_slot": self._next_slot}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -144,22 +152,11 @@ class InlineCollector:
         naming the entry where the state is of another task, env count or seed."""
         if self._env is None or self._state is None:
             raise RuntimeError("InlineCollector: start() it before set_state")
-        if state.get("seed") != self.config.seed:
-            raise ValueError(f"state['seed']: saved by a collector seeded {state.get('seed')!r}, "
-                             f"this one is seeded {self.config.seed}")
-        rng = state.get("action_rng")
-        if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8 or (
-                rng.shape != self._rng.shape):
-            raise ValueError("state['action_rng']: expected the uint8 state of a CPU "
-                             "torch.Generator")
-        if state.get("next_slot") not in (0, 1):
-            raise ValueError(f"state['next_slot']: expected 0 or 1, got "
-                             f"{state.get('next_slot')!r}")
-        self._env.set_state(state.get("env"))
-        self._state.set_state(state.get("rollout"))
-        self._state.policy_version = self.version
-        self._rng = rng.clone()
-        self._next_slot = int(state["next_slot"])
+        next_slot = state.get("next_slot", 0)  # a process collector's state has none
+        if next_slot not in (0, 1):
+            raise ValueError(f"state['next_slot']: expected 0 or 1, got {next_slot!r}")
+        self._rng = restore_collection(state, self.config.seed, self._env, self._state)
+        self._next_slot = int(next_slot)
 
     def stop(self, timeout: float = 5.0) -> None:  # noqa: ARG002 - the process's signature
         """Close the env; idempotent."""

@@ -34,7 +34,13 @@ import numpy as np
 from lightning_omnilab.validate import integer, one_of
 from lightning_unilab import _core
 from lightning_unilab.runtime.rollout import RolloutSpec
-from lightning_unilab.runtime.shm import SHM_PREFIX, SharedBlock, free_shm_bytes, new_name
+from lightning_unilab.runtime.shm import (
+    SHM_PREFIX,
+    SharedBlock,
+    free_shm_bytes,
+    new_name,
+    reclaim_orphans,
+)
 
 __all__ = ["FREE", "READING", "READY", "WRITING", "Ring", "RingHandle", "SHM_PREFIX",
            "free_shm_bytes", "wait_until"]
@@ -133,6 +139,7 @@ class Ring:
         """Raise ValueError for a config that cannot work; return the block's bytes."""
         check_num_slots(num_slots)
         one_of("writer_policy", writer_policy, WRITER_POLICIES)
+        reclaim_orphans()  # blocks of a run killed with its process group count as free
         need, free = cls.block_bytes(spec, num_slots), free_shm_bytes()
         if need > free:
             raise ValueError(

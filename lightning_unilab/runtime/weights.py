@@ -22,7 +22,7 @@ from torch import nn
 
 from lightning_unilab import _core
 from lightning_unilab.runtime.ring import wait_until
-from lightning_unilab.runtime.shm import SharedBlock, free_shm_bytes, new_name
+from lightning_unilab.runtime.shm import SharedBlock, free_shm_bytes, new_name, reclaim_orphans
 
 __all__ = ["BoardHandle", "WeightBoard", "TornReadError"]
 
@@ -74,6 +74,7 @@ class WeightBoard:
         for key, _, dtype, _ in layout:
             if dtype not in ("float32", "float64", "float16", "int64", "int32", "bool"):
                 raise ValueError(f"state_dict[{key!r}]: dtype {dtype} cannot be published")
+        reclaim_orphans()  # blocks of a run killed with its process group count as free
         if nbytes > free_shm_bytes():
             raise ValueError(f"the weight board needs {nbytes / 2**20:.1f} MiB of shared memory "
                              f"but /dev/shm has {free_shm_bytes() / 2**20:.1f} MiB free")

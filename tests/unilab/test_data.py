@@ -9,7 +9,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from shm_probe import our_blocks as _shm
 
+from lightning_omnilab import safe_load
 from lightning_unilab.learner.policy import ActorCritic
+from lightning_unilab.runtime.checkpoint_arrays import unpack
 from lightning_unilab.runtime.data import RolloutDataModule
 
 TASK = "InvertedPendulum-v5"
@@ -113,8 +115,13 @@ def test_resume_continues_counters_and_versions(tmp_path):
     trainer = _trainer(tmp_path, max_steps=4, callbacks=[ModelCheckpoint(dirpath=tmp_path)])
     trainer.fit(second, datamodule=dm2, ckpt_path=str(tmp_path / "last.ckpt"))
     first_after = second.seen[0]
-    assert first_after["seq"] == saved["counters"]["seq"]  # the collector's counters went on
-    assert first_after["env_steps"] == saved["counters"]["env_steps"] + 16 * 16
+    # the collector's counters went on from its saved state, which may be ahead of the
+    # learner's by the rollouts in the ring that the learner had not read
+    (collection,) = safe_load.load(tmp_path / "last.ckpt")["RolloutDataModule"]["collections"]
+    collected = unpack(collection)["rollout"]
+    assert 0 <= collected["seq"] - saved["counters"]["seq"] <= dm.num_slots
+    assert first_after["seq"] == collected["seq"]
+    assert first_after["env_steps"] == collected["env_steps"] + 16 * 16
     assert first_after["policy_version"] == 2  # the resumed weights keep their version
     assert second.policy.obs_normalizer.count.item() == 4 * 16 * 16  # normalizer resumed
 
@@ -247,3 +254,20 @@ def test_auto_mode_runs_sync_under_a_cpu_trainer(tmp_path):
     assert dm.config.mode == "sync"
     # sync: every slot was collected with the weights published just before it
     assert [s["policy_version"] for s in probe.seen] == list(range(len(probe.seen)))
+
+
+def test_a_distributed_fit_releases_its_group_at_exit_under_a_users_module(monkeypatch):
+    """A user's own LightningModule with this data module under DDP: the data module's
+    teardown (called after a fit that did not raise) arms the group's release; one process
+    arms nothing."""
+    import lightning_unilab.runtime.data as data
+
+    armed = []
+    monkeypatch.setattr(data.ReleaseAtExit, "arm", lambda self: armed.append(self))
+    dm = RolloutDataModule(TASK, num_envs=4, horizon=4)
+    monkeypatch.setattr(data.dist, "is_initialized", lambda: False)
+    dm.teardown("fit")
+    assert armed == []
+    monkeypatch.setattr(data.dist, "is_initialized", lambda: True)
+    dm.teardown("fit")
+    assert len(armed) == 1
