@@ -33,11 +33,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search only layouts OmniStrategy can launch today "
                         "(plan.runnable.launch: encoders on the LLM's ranks; TP only at "
                         "the encoders' TP, for Omni only with LSSP/reorder ablated)")
+    p.add_argument("--verify", nargs="?", const="best", default=None, metavar="LAYOUT",
+                   help="instead of planning, check a layout at full size: the real Hugging "
+                        "Face model, one training step per rank role on fake tensors, against "
+                        "the planner's prediction (LAYOUT: a layout string omni-plan prints; "
+                        "default: the Omni layout it picks); writes verify.json to --out-dir "
+                        "(docs/omni/full_size.md)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.verify is not None:
+        report = verify_main(args.workload, args.verify)
+        if report is None:
+            return 2
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        (args.out_dir / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.out_dir / 'verify.json'}")
+        return 0
     try:
         request = load_workload(args.workload)
     except WorkloadError as err:
@@ -50,6 +64,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:  # planning rejected an input the schema let through
         print(f"omni-plan: {args.workload}: {err}", file=sys.stderr)
         return 2
+
+
+def verify_main(workload: Path, layout: str) -> dict | None:
+    """``--verify``: the full-size check of ``layout`` (``"best"``: the Omni layout omni-plan
+    picks) on ``workload``, printed as it goes; the report (``full_size.verify_layout``), or
+    None after printing why the input was refused."""
+    from .full_size import best_layout, parse_layout, verify_layout
+
+    try:
+        request = load_workload(workload)
+        config = best_layout(request) if layout == "best" else parse_layout(layout)
+        print(f"{request.name}: checking {config} at full size, one training step per rank "
+              f"role on fake tensors (memory cap "
+              f"{request.cost.hardware.memory_cap_bytes / 1e9:.1f} GB per GPU)", flush=True)
+        return verify_layout(request, config, progress=lambda line: print(line, flush=True))
+    except ValueError as err:  # WorkloadError, a layout refused by name
+        print(f"omni-plan: {workload}: {err}", file=sys.stderr)
+        return None
 
 
 def _runnable_only(request: PlanRequest) -> PlanRequest:
