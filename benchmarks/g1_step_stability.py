@@ -17,6 +17,8 @@ miss; the task's own ``max_speed`` bound, which would roll those back, is off he
 and mean episode length for context.
 
     python benchmarks/g1_step_stability.py [--quick] [--checkpoint CKPT] --out FILE
+    python benchmarks/g1_step_stability.py --integrator implicitfast --solver-iterations 3,6,10 \
+        --timesteps 6.67ms --eulerdamp 0 --out FILE
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 
 from lightning_unilab.envs.pool import describe_status
 from lightning_unilab.envs.randomization import G1Randomization
+from lightning_unilab.envs.tasks import INTEGRATORS
 from lightning_unilab.envs.vector_env import TaskVectorEnv
 
 CTRL_DT = 0.02
@@ -51,11 +54,14 @@ def load_policy(path: str) -> Any:
 
 
 def run(timestep: float, actions: str, num_envs: int, steps: int, threads: int, seed: int,
-        qvel_limit: float, eulerdamp: int = 1, policy: Any = None) -> dict:
+        qvel_limit: float, eulerdamp: int = 1, policy: Any = None, integrator: int = 0,
+        solver_iterations: int = 3) -> dict:
     """One configuration: num_envs x steps env steps; counts and rates per million env steps."""
     # the task's speed bound off: this measures the physics, finite blow-ups included
     env = TaskVectorEnv("g1-walk-flat", num_envs, threads,
-                        params={"timestep": timestep, "max_speed": 0.0, "eulerdamp": eulerdamp},
+                        params={"timestep": timestep, "max_speed": 0.0, "eulerdamp": eulerdamp,
+                                "integrator": integrator,
+                                "solver_iterations": solver_iterations},
                         randomization=G1Randomization(**RECIPE_RANDOMIZATION), seed=seed,
                         copy=False)
     obs, _ = env.reset(seed=seed)
@@ -93,7 +99,8 @@ def run(timestep: float, actions: str, num_envs: int, steps: int, threads: int, 
     per_m = 1e6 / total
     return {
         "timestep": timestep, "frame_skip": env.spec.frame_skip, "actions": actions,
-        "eulerdamp": eulerdamp,
+        "eulerdamp": eulerdamp, "integrator": INTEGRATORS[integrator],
+        "solver_iterations": solver_iterations,
         "env_steps": total, "seconds": seconds, "env_steps_per_s": total / seconds,
         "unstable_truncations": unstable, "unstable_per_million": unstable * per_m,
         "warnings": warnings, "nonfinite_obs_rows": nonfinite,
@@ -107,12 +114,14 @@ def run(timestep: float, actions: str, num_envs: int, steps: int, threads: int, 
 
 
 def _table(rows: list[dict]) -> str:
-    head = (f"{'step':>8} {'x':>2} {'damp':>4} {'actions':>7} {'env steps':>10} {'unstable/M':>10} "
+    head = (f"{'integrator':>12} {'it':>3} {'step':>8} {'x':>2} {'damp':>4} {'actions':>7} "
+            f"{'env steps':>10} {'unstable/M':>10} "
             f"{'nonfinite':>9} {'fast/M':>8} {'|qd| p99.9':>10} {'|qd| max':>8} {'falls/M':>9} "
             f"{'ep len':>7} {'steps/s':>8}  warnings")
     lines = [head]
     for r in rows:
         lines.append(
+            f"{r['integrator']:>12} {r['solver_iterations']:>3} "
             f"{r['timestep'] * 1000:7.3g}m {r['frame_skip']:>2} {r['eulerdamp']:>4} "
             f"{r['actions']:>7} "
             f"{r['env_steps']:>10,} {r['unstable_per_million']:>10.1f} "
@@ -138,6 +147,10 @@ def main() -> None:
     parser.add_argument("--checkpoint", help="a g1-walk-flat training checkpoint: adds the "
                         "'policy' rows, its sampled actions")
     parser.add_argument("--eulerdamp", default="1,0", help="comma-separated task eulerdamp values")
+    parser.add_argument("--integrator", default="Euler",
+                        help=f"comma-separated MuJoCo integrators of {list(INTEGRATORS.values())}")
+    parser.add_argument("--solver-iterations", default="3",
+                        help="comma-separated caps of the constraint solver's iterations")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
@@ -148,13 +161,20 @@ def main() -> None:
     if "policy" in kinds and not args.checkpoint:
         parser.error("--actions policy: needs --checkpoint")
     policy = load_policy(args.checkpoint) if args.checkpoint else None
+    codes = {name: code for code, name in INTEGRATORS.items()}
+    unknown = [v for v in args.integrator.split(",") if v not in codes]
+    if unknown:
+        parser.error(f"--integrator: expected names among {list(codes)}, got {unknown}")
     rows = []
-    for name in args.timesteps.split(","):
-        for damp in (int(v) for v in args.eulerdamp.split(",")):
-            for actions in kinds:
-                rows.append(run(TIMESTEPS[name], actions, num_envs, steps, args.threads,
-                                args.seed, args.qvel_limit, damp, policy))
-                print(_table(rows[-1:]).splitlines()[-1], flush=True)
+    for integrator in args.integrator.split(","):
+        for iterations in (int(v) for v in args.solver_iterations.split(",")):
+            for name in args.timesteps.split(","):
+                for damp in (int(v) for v in args.eulerdamp.split(",")):
+                    for actions in kinds:
+                        rows.append(run(TIMESTEPS[name], actions, num_envs, steps, args.threads,
+                                        args.seed, args.qvel_limit, damp, policy,
+                                        codes[integrator], iterations))
+                        print(_table(rows[-1:]).splitlines()[-1], flush=True)
     print(_table(rows))
     if args.out:
         with open(args.out, "w") as f:

@@ -1,5 +1,6 @@
 // The task registry: a function-local map of factories, filled by the task files' registrars.
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "omnilab/task.h"
@@ -109,6 +110,33 @@ const std::vector<double>& RequireArray(const std::string& task, const TaskArray
                                 " values, expected a positive multiple of " + std::to_string(row));
   }
   return it->second;
+}
+
+void CheckSolverParams(const std::string& task, const mjModel* m, double integrator,
+                       double solver_iterations) {
+  auto text = [](double x) {
+    std::string s = std::to_string(x);
+    s.erase(s.find_last_not_of('0') + 1);
+    if (!s.empty() && s.back() == '.') s.pop_back();
+    return s;
+  };
+  if (!(integrator >= 0 && integrator <= 3) || integrator != std::floor(integrator)) {
+    throw std::invalid_argument(task + ": integrator must be 0 (Euler), 1 (RK4), 2 (implicit) or "
+                                "3 (implicitfast), got " + text(integrator));
+  }
+  if (!(solver_iterations >= 1 && solver_iterations <= 1000) ||
+      solver_iterations != std::floor(solver_iterations)) {
+    throw std::invalid_argument(task + ": solver_iterations must be a whole number in [1, 1000], "
+                                "got " + text(solver_iterations));
+  }
+  if (m->opt.integrator != static_cast<int>(integrator) ||
+      m->opt.iterations != static_cast<int>(solver_iterations)) {
+    throw std::invalid_argument(
+        task + ": the model's integrator " + std::to_string(m->opt.integrator) +
+        " and solver iterations " + std::to_string(m->opt.iterations) + " are not the task's " +
+        text(integrator) + " and " + text(solver_iterations) +
+        " (set model.opt before building the pool, as TaskVectorEnv does)");
+  }
 }
 
 }  // namespace omnilab

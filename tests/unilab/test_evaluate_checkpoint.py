@@ -146,12 +146,13 @@ def test_a_g1_checkpoint_names_the_physics_step_it_trained_at():
 
     defaults = _core.task_defaults("g1-walk-flat")
     saved = RolloutDataModule("g1-walk-flat", num_envs=2, horizon=2).hparams
-    assert saved["task_kwargs"] == {"params": {"timestep": defaults["timestep"],
-                                               "eulerdamp": defaults["eulerdamp"]}}
+    physics = {k: defaults[k] for k in ("timestep", "eulerdamp", "integrator",
+                                        "solver_iterations")}
+    assert saved["task_kwargs"] == {"params": physics}
     given = RolloutDataModule("g1-walk-flat", num_envs=2, horizon=2,
                               task_kwargs={"params": {"timestep": 0.005, "w_alive": 1.0}})
     params = given.hparams["task_kwargs"]["params"]
-    assert params == {"timestep": 0.005, "w_alive": 1.0, "eulerdamp": defaults["eulerdamp"]}
+    assert params == {**physics, "timestep": 0.005, "w_alive": 1.0}
     assert given.config.task_kwargs["params"] == params  # the collector's env: the same
     run = checkpoint_evaluation({"datamodule_hyper_parameters": dict(given.hparams)})
     assert run.task_kwargs["params"]["timestep"] == 0.005

@@ -299,6 +299,34 @@ def test_eulerdamp_is_0_or_1_and_the_cpp_task_checks_the_model() -> None:
     _core.TaskEnv(pool.core, "g1-walk-flat", {"eulerdamp": 1.0}, True)  # matches: builds
 
 
+@pytest.mark.parametrize("task", ["g1-walk-flat", "g1-motion-tracking"])
+def test_the_solver_parameters_set_the_model_and_the_cpp_task_checks_it(task: str) -> None:
+    """integrator and solver_iterations live in the model, as timestep does: set on both sides,
+    refused by name when invalid, and a model that does not carry them is refused."""
+    params = {"integrator": 3.0, "solver_iterations": 10.0, "timestep": 0.02 / 3}
+    env = TaskVectorEnv(task, 1, num_threads=1, params=params)
+    assert (env.model.opt.integrator, env.model.opt.iterations) == (3, 10)
+    assert env.spec.frame_skip == 3
+    if task == "g1-walk-flat":
+        twin = G1WalkFlat(**params).model()
+        assert (twin.opt.integrator, twin.opt.iterations) == (3, 10)
+    with pytest.raises(ValueError, match=r"integrator: expected one of .* got 4"):
+        TaskVectorEnv(task, 1, num_threads=1, params={"integrator": 4.0})
+    with pytest.raises(ValueError, match=r"solver_iterations: expected a whole number in "
+                                         r"\[1, 1000\], got 2.5"):
+        TaskVectorEnv(task, 1, num_threads=1, params={"solver_iterations": 2.5})
+    info = tasks.get(task)
+    model = info.load_model({"integrator": 3.0})
+    arrays = info.task_arrays(model, {}, None)
+    pool = BatchEnvPool(model, 1, 1)
+    with pytest.raises(ValueError, match=rf"{task}: the model's integrator 3 and solver "
+                                         r"iterations 3 are not the task's 0 and 3"):
+        _core.TaskEnv(pool.core, task, {}, True, arrays)
+    with pytest.raises(ValueError, match=rf"{task}: integrator must be 0 \(Euler\)"):
+        _core.TaskEnv(pool.core, task, {"integrator": 7.0}, True, arrays)
+    _core.TaskEnv(pool.core, task, {"integrator": 3.0}, True, arrays)  # matches: builds
+
+
 def test_a_randomization_may_not_change_the_task_step_per_env() -> None:
     def per_env_step(rng: np.random.Generator, ids: np.ndarray) -> dict[str, np.ndarray]:
         return {"opt.timestep": np.full(len(ids), 0.002)}

@@ -157,4 +157,10 @@ void RefuseArrays(const std::string& task, const TaskArrays& arrays);
 const std::vector<double>& RequireArray(const std::string& task, const TaskArrays& arrays,
                                         const std::string& key, size_t row = 1);
 
+// A task's solver parameters, which live in the model as timestep does: `integrator` (an
+// mjtIntegrator, 0-3) and `solver_iterations` (a whole number >= 1) must be valid and equal
+// m->opt.integrator and m->opt.iterations, else std::invalid_argument naming `task`.
+void CheckSolverParams(const std::string& task, const mjModel* m, double integrator,
+                       double solver_iterations);
+
 }  // namespace omnilab

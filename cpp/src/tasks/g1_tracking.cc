@@ -39,6 +39,8 @@ const TaskParams& Defaults() {
       // the physics step: the G1 scene's own 10 x 2 ms per control step, as g1-walk-flat
       {"timestep", 0.002},
       {"eulerdamp", 0.0},
+      {"integrator", 0.0},         // as g1-walk-flat's: mjtIntegrator, on the model
+      {"solver_iterations", 3.0},  // the model's opt.iterations
       {"max_speed", 100.0},
       // episodes end at this length or at the end of their clip, whichever comes first
       {"episode_length_s", 10.0},
@@ -196,6 +198,8 @@ class G1MotionTracking : public Task {
         (eulerdamp != 0) == ((m->opt.disableflags & mjDSBL_EULERDAMP) != 0)) {
       Fail("eulerdamp must be 0 or 1 and the model's flag");
     }
+    CheckSolverParams("g1-motion-tracking", m, Param(p, "integrator"),
+                      Param(p, "solver_iterations"));
     dt_ = spec_.frame_skip * timestep;
     spec_.max_episode_steps = static_cast<int>(std::lround(Param(p, "episode_length_s") / dt_));
     if (spec_.max_episode_steps < 1) Fail("episode_length_s must be at least one control step");

@@ -47,6 +47,12 @@ const TaskParams& Defaults() {
       // (for MJX). On, the trained policy's blow-ups at 5 ms fell 380x, but the standing robot
       // jitters (joint speeds to 73 rad/s under zero actions). A model-level parameter too.
       {"eulerdamp", 0.0},
+      // MuJoCo's integrator (mjtIntegrator: 0 Euler, 1 RK4, 2 implicit, 3 implicitfast) and
+      // the constraint solver's iteration cap, model-level parameters as timestep is. The
+      // scene's Euler at 2 ms with 3 iterations (tuned for MJX) is the default; implicitfast
+      // is stable at 6.67 ms x 3 substeps with 10 (docs/unilab/tasks.md, "Stability").
+      {"integrator", 0.0},
+      {"solver_iterations", 3.0},
       {"episode_length_s", 20.0},
       // rad/s (m/s on the base's linear dofs): a substep that leaves any dof faster is rolled
       // back and its episode truncated, as after a MuJoCo warning. A trained policy met a finite
@@ -173,6 +179,7 @@ class G1WalkFlat : public Task {
           "g1-walk-flat: the model's eulerdamp flag is not the task's eulerdamp " + Num(eulerdamp) +
           " (set it in model.opt.disableflags before building the pool, as TaskVectorEnv does)");
     }
+    CheckSolverParams("g1-walk-flat", m, Param(p, "integrator"), Param(p, "solver_iterations"));
     dt_ = spec_.frame_skip * timestep;
     spec_.max_episode_steps = static_cast<int>(std::lround(Param(p, "episode_length_s") / dt_));
     spec_.resample_steps = static_cast<int>(Param(p, "resample_steps"));

@@ -79,6 +79,32 @@ def set_eulerdamp(model: mujoco.MjModel, eulerdamp: float) -> None:
 
 EULERDAMP = ModelParam("opt.disableflags", set_eulerdamp)
 
+INTEGRATORS = {0: "Euler", 1: "RK4", 2: "implicit", 3: "implicitfast"}  # mjtIntegrator
+
+
+def set_integrator(model: mujoco.MjModel, integrator: float) -> None:
+    """A task's ``integrator`` parameter: model.opt.integrator, an mjtIntegrator value."""
+    if integrator not in INTEGRATORS:
+        raise ValueError(f"integrator: expected one of {INTEGRATORS} (mjtIntegrator), got "
+                         f"{integrator!r}")
+    model.opt.integrator = int(integrator)
+
+
+def set_solver_iterations(model: mujoco.MjModel, iterations: float) -> None:
+    """A task's ``solver_iterations`` parameter: model.opt.iterations, the constraint solver's
+    iteration cap."""
+    if not (isinstance(iterations, (int, float)) and float(iterations).is_integer()
+            and 1 <= iterations <= 1000):
+        raise ValueError(f"solver_iterations: expected a whole number in [1, 1000], got "
+                         f"{iterations!r}")
+    model.opt.iterations = int(iterations)
+
+
+INTEGRATOR = ModelParam("opt.integrator", set_integrator)
+SOLVER_ITERATIONS = ModelParam("opt.iterations", set_solver_iterations)
+G1_MODEL_PARAMS = {"timestep": TIMESTEP, "eulerdamp": EULERDAMP, "integrator": INTEGRATOR,
+                   "solver_iterations": SOLVER_ITERATIONS}
+
 
 @dataclass(frozen=True)
 class TaskInfo:
@@ -178,10 +204,9 @@ _TASKS: dict[str, TaskInfo] = {
     "InvertedPendulum-v5": TaskInfo("InvertedPendulum-v5",
                                     lambda: gym_xml("inverted_pendulum.xml")),
     "g1-walk-flat": TaskInfo("g1-walk-flat", g1_xml, _g1_numpy,
-                             model_params={"timestep": TIMESTEP, "eulerdamp": EULERDAMP},
-                             evaluation=G1_WALK_EVALUATION),
+                             model_params=G1_MODEL_PARAMS, evaluation=G1_WALK_EVALUATION),
     "g1-motion-tracking": TaskInfo("g1-motion-tracking", g1_xml, _g1_tracking_numpy,
-                                   model_params={"timestep": TIMESTEP, "eulerdamp": EULERDAMP},
+                                   model_params=G1_MODEL_PARAMS,
                                    arrays=_g1_tracking_arrays,
                                    evaluation=G1_TRACKING_EVALUATION),
 }
@@ -201,8 +226,9 @@ def task_names() -> list[str]:
 
 def pin_model_params(task: Any, task_kwargs: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """``task_kwargs`` with a registered task's model-level parameters (g1-walk-flat's timestep,
-    eulerdamp) made explicit at today's defaults where not given: saved in a checkpoint, they name
-    the physics it trained on, whatever the defaults become later. Other tasks: unchanged."""
+    eulerdamp, integrator, solver_iterations) made explicit at today's defaults where not given:
+    saved in a checkpoint, they name the physics it trained on, whatever the defaults become
+    later. Other tasks: unchanged."""
     info = _TASKS.get(task) if isinstance(task, str) else None
     if info is None or not info.model_params:
         return None if task_kwargs is None else dict(task_kwargs)

@@ -113,6 +113,8 @@ class G1Params:
     ctrl_dt: float
     timestep: float  # the physics step, model.opt.timestep: ctrl_dt / timestep substeps
     eulerdamp: float  # 1: the Euler integrator's implicit damping on (model.opt.disableflags)
+    integrator: float  # model.opt.integrator (mjtIntegrator: 0 Euler, 3 implicitfast)
+    solver_iterations: float  # model.opt.iterations
     episode_length_s: float
     max_speed: float  # rad/s (m/s): roll back and truncate a faster substep; 0: off
     resample_steps: float
@@ -199,6 +201,10 @@ class G1WalkFlat(NumpyTask):
         if p.eulerdamp not in (0, 1) or damped != bool(p.eulerdamp):
             raise ValueError(f"g1-walk-flat: eulerdamp must be 0 or 1 and the model's flag, got "
                              f"{p.eulerdamp!r} (the model's: {int(damped)})")
+        if (m.opt.integrator, m.opt.iterations) != (p.integrator, p.solver_iterations):
+            raise ValueError(f"g1-walk-flat: the model's integrator {m.opt.integrator} and solver "
+                             f"iterations {m.opt.iterations} are not the task's "
+                             f"{p.integrator!r} and {p.solver_iterations!r}")
         if m.opt.timestep != p.timestep:
             raise ValueError(f"g1-walk-flat: the model's opt.timestep {m.opt.timestep!r} is not "
                              f"the task's timestep {p.timestep!r}")
