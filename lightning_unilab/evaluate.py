@@ -584,10 +584,19 @@ def _main(argv: Sequence[str] | None = None) -> None:
     ck.add_argument("--seed", type=int, default=None,
                     help="start-state seed (default: the recipe's EvaluationRollout, else 0)")
     ck.add_argument("--no-video", action="store_true")
-    ck.add_argument("--episodes", type=int, default=1,
+    ck.add_argument("--episodes", type=int, default=None,
                     help="episodes on start-state seeds SEED, SEED+1, ...; more than one writes "
                          "episodes.json (falls, tracking errors per seed and their spread) "
-                         "instead of the episode's plot (default 1)")
+                         "instead of the episode's plot (default 1; 50 with --robustness)")
+    ck.add_argument("--robustness", action="store_true",
+                    help="a velocity-command task under four conditions (nominal, a push of "
+                         "--push m/s every command period, the forward command reversing by "
+                         "2 x --reversal m/s every command period, both), --episodes start "
+                         "seeds each: falls and tracking errors per condition in "
+                         "robustness.json (lightning_unilab.robustness)")
+    ck.add_argument("--push", type=float, default=0.5, help="with --robustness: m/s")
+    ck.add_argument("--reversal", type=float, default=0.7,
+                    help="with --robustness: the forward command's size, m/s")
     ck.add_argument("--stochastic", action="store_true",
                     help="sample the policy's actions, as in training (default: its mean)")
     ck.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
@@ -600,6 +609,8 @@ def _main(argv: Sequence[str] | None = None) -> None:
         ck.error(did_you_mean(f"unrecognized arguments: {' '.join(unknown)}",
                               ck._option_string_actions))
     params = _params(ck, args.param)
+    if args.episodes is None:
+        args.episodes = 50 if args.robustness else 1
     if args.episodes < 1:
         ck.error(f"--episodes: expected a positive number of episodes, got {args.episodes}")
     try:
@@ -609,6 +620,9 @@ def _main(argv: Sequence[str] | None = None) -> None:
         ck.error(str(err))
     try:  # a task class that does not import or build here is named, as a wrong task is
         run = checkpoint_evaluation(checkpoint, args.task, params, args.max_steps, args.seed)
+        if args.robustness:
+            _robustness(ck, module.policy, run, args)
+            return
         if args.episodes > 1:
             summary = evaluate_seeds(module.policy, run.task, args.out,
                                      range(run.seed, run.seed + args.episodes), run.task_kwargs,
@@ -623,6 +637,27 @@ def _main(argv: Sequence[str] | None = None) -> None:
     keys = ("return", "length", "tracking", "plot", "video") if args.episodes == 1 else \
         [k for k in summary if k != "rows"]
     print(json.dumps({k: summary[k] for k in keys}))
+
+
+def _robustness(parser: argparse.ArgumentParser, policy: torch.nn.Module,
+                run: CheckpointEvaluation, args: argparse.Namespace) -> None:
+    """``--robustness``: every condition, the command period the evaluation's (else 5 s)."""
+    from lightning_unilab.robustness import evaluate_robustness, table
+
+    params = dict(run.task_kwargs.get("params") or {})
+    period = int(params.get("resample_steps") or 250)
+    try:
+        summary = evaluate_robustness(policy, run.task, run.task_kwargs, episodes=args.episodes,
+                                      seed=run.seed, max_steps=run.max_steps or 1000,
+                                      period_steps=period, push_mps=args.push,
+                                      reversal_mps=args.reversal)
+    except ValueError as err:
+        parser.error(str(err))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "robustness.json", {"checkpoint": os.fspath(args.ckpt), **summary})
+    print(table(summary))
+    print(f"wrote {out / 'robustness.json'}")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,13 @@ class TaskEvaluation:
         ``vx``, ``vx_command`` ... (:func:`velocity_tracking`), None without them."""
         return velocity_tracking({**episode.terms, **episode.series}, episode.dt)
 
+    def set_command(self, env: Any, obs: np.ndarray, command: np.ndarray) -> bool:
+        """Give every env of ``env`` (a ``TaskVectorEnv``) the velocity command ``command``
+        ((num_envs, 3): forward, lateral, yaw rate) now, as if the task had drawn it: in its
+        memory and in ``obs``, the observation the policy acts on next. False: the task has no
+        such command (here)."""
+        return False
+
     def ghost(self, episode: Episode, env: Any) -> np.ndarray | None:
         """A reference to draw translucent in the GIF: (len(episode.states), nq) qpos rows,
         from the episode and its still open env (``TaskVectorEnv``); None: none (here)."""
