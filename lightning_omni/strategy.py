@@ -304,12 +304,8 @@ class OmniStrategy(DDPStrategy):
         # files for what this rank hosts, never initialized first
         filled = [t for source in recording.sources for t in source.tensors()]
         materialize(module, recording, elsewhere, self.root_device, filled=filled)
-        skip = {id(p) for p in elsewhere}
-        if self.tensor_parallel > 1:  # read after sharding: each TP rank only its shards
-            self._pretrained = (list(recording.sources), skip)
-        else:
-            self.pretrained_loads = [source.load(skip, self.root_device)
-                                     for source in recording.sources]
+        # read after parallelize: under TP each rank reads only its shards (TP 1: the whole)
+        self._pretrained = (list(recording.sources), {id(p) for p in elsewhere})
         recording.sources.clear()
         self._init_recording = None
         return True
@@ -366,12 +362,9 @@ class OmniStrategy(DDPStrategy):
             inner.consolidate_state_dict(to=0)
             if self.engine.layout.replica != 0:
                 return {}
-            state = inner.state_dict()
-            # tensor parallel: whole tensors (every TP rank of replica 0's stage gathers)
-            return full_optimizer_state(state, inner) if self.tensor_parallel > 1 else state
-        if self.tensor_parallel > 1:  # whole tensors (every TP rank of the stage gathers)
-            return full(super().optimizer_state(optimizer))
-        return super().optimizer_state(optimizer)
+            # whole tensors: under TP every TP rank of replica 0's stage gathers (TP 1: as is)
+            return full_optimizer_state(inner.state_dict(), inner)
+        return full(super().optimizer_state(optimizer))  # under TP every TP rank gathers
 
     def _engine_for(self, module) -> OmniEngine:
         """This strategy's engine; a module already split by another OmniStrategy of the same
@@ -538,11 +531,11 @@ class OmniStrategy(DDPStrategy):
         module.load_state_dict(state, strict=strict)
 
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
-        if self.tensor_parallel > 1:  # full tensors cut into this rank's shards
-            checkpoint = {**checkpoint, "optimizer_states": [
-                reshard_optimizer_state(state, getattr(opt, "_optimizer", opt))
-                for state, opt in zip(checkpoint["optimizer_states"], self.optimizers,
-                                      strict=False)]}
+        # full tensors cut into this rank's shards under TP (TP 1: as they are)
+        checkpoint = {**checkpoint, "optimizer_states": [
+            reshard_optimizer_state(state, getattr(opt, "_optimizer", opt))
+            for state, opt in zip(checkpoint["optimizer_states"], self.optimizers,
+                                  strict=False)]}
         super().load_optimizer_state_dict(checkpoint)
 
     def remove_checkpoint(self, filepath) -> None:
