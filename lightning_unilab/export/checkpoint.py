@@ -163,6 +163,7 @@ def _physics(task: Any, model: Any, deployment: Deployment | None) -> dict[str, 
     return {"scene_xml": os.fspath(xml) if xml is not None else None,
             "timestep": float(model.opt.timestep),
             "disableflags": int(model.opt.disableflags),
+            "integrator": int(model.opt.integrator), "iterations": int(model.opt.iterations),
             "keyframe": deployment.keyframe if deployment else None}
 
 

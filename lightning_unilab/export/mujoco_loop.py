@@ -74,6 +74,10 @@ class MujocoPolicyLoop:
         self.model = mujoco.MjModel.from_xml_path(physics["scene_xml"])
         self.model.opt.timestep = physics["timestep"]
         self.model.opt.disableflags = physics["disableflags"]
+        # the solver the policy trained with (an export without them: the scene's own)
+        if "integrator" in physics:
+            self.model.opt.integrator = physics["integrator"]
+            self.model.opt.iterations = physics["iterations"]
         self.data = mujoco.MjData(self.model)
         self.keyframe = physics["keyframe"]
         self.substeps = int(d["control"]["substeps"])

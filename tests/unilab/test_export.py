@@ -143,6 +143,22 @@ def test_sim_to_sim_actions_equal_the_evaluations_for_100_steps(exports: dict[st
         assert closed["max_abs_obs_diff"] <= 1e-5
 
 
+def test_the_solver_a_policy_trained_with_travels_with_its_export(tmp_path: Path) -> None:
+    """A policy trained on implicitfast at 6.67 ms x 3 with 10 solver iterations: the export
+    names that solver and the plain MuJoCo loop runs it (the scene's own Euler at 6.67 ms would
+    step another robot): the sim-to-sim check holds."""
+    params = {"integrator": 3, "solver_iterations": 10, "timestep": 0.02 / 3}
+    ckpt = save_fresh_checkpoint(tmp_path / "fast.ckpt", TASK, fold_steps=20, params=params)
+    path = export_checkpoint(ckpt, "torchscript", tmp_path / "out").json
+    physics = read_export(path)["physics"]
+    assert (physics["integrator"], physics["iterations"]) == (3, 10)
+    loop = MujocoPolicyLoop(path)
+    assert (loop.model.opt.integrator, loop.model.opt.iterations) == (3, 10)
+    assert loop.substeps == 3
+    driven = compare_with_evaluation(path, 60, COMMAND)["driven"]
+    assert driven["steps_within_1e-5"] == 60 and driven["max_abs_obs_diff"] <= 1e-5
+
+
 def test_the_loop_falls_where_the_evaluation_ends(exports: dict[str, Path], ckpt: Path) -> None:
     """Without the check's termination switch the evaluation ends at the untrained policy's
     fall; the loop, from the same state, reports its fall by the JSON's criterion at that

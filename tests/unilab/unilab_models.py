@@ -77,18 +77,19 @@ def load_benchmark(name: str):
 
 
 def save_fresh_checkpoint(path, task: str, *, seed: int = 0, hidden: tuple[int, ...] = (16,),
-                          fold_steps: int = 0):
+                          fold_steps: int = 0, params: dict | None = None):
     """A freshly initialized APPO policy of ``task`` saved as training saves one (its module's
     state and hyperparameters, the data module's task), at ``path``. ``fold_steps``: first fold
     that many steps of 8 envs under uniform random actions in [-0.3, 0.3] into its observation
-    normalizers, so that they are not the identity."""
+    normalizers, so that they are not the identity. ``params``: the task's, as a recipe's
+    ``task_kwargs.params`` (saved in the data module's hyperparameters)."""
     import lightning
     import torch
 
     from lightning_unilab.envs.vector_env import TaskVectorEnv
     from lightning_unilab.learner.appo import APPOModule
 
-    env = TaskVectorEnv(task, 8 if fold_steps else 1, 1, seed=seed)
+    env = TaskVectorEnv(task, 8 if fold_steps else 1, 1, seed=seed, params=params)
     spec = env.spec
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -108,7 +109,8 @@ def save_fresh_checkpoint(path, task: str, *, seed: int = 0, hidden: tuple[int, 
     env.close()
     ckpt = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
             "pytorch-lightning_version": lightning.__version__,
-            "datamodule_hyper_parameters": {"task": task, "task_kwargs": None}}
+            "datamodule_hyper_parameters": {
+                "task": task, "task_kwargs": {"params": dict(params)} if params else None}}
     module.on_save_checkpoint(ckpt)
     torch.save(ckpt, path)
     return path
