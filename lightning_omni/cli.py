@@ -66,10 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def verify_main(workload: Path, layout: str) -> dict | None:
+def verify_main(workload: Path, layout: str, roles: list[tuple[int, int]] | None = None
+                ) -> dict | None:
     """``--verify``: the full-size check of ``layout`` (``"best"``: the Omni layout omni-plan
-    picks) on ``workload``, printed as it goes; the report (``full_size.verify_layout``), or
-    None after printing why the input was refused."""
+    picks) on ``workload`` (``roles``: only these (stage, TP rank)), printed as it goes; the
+    report (``full_size.verify_layout``), or None after printing why the input was refused."""
     from .full_size import best_layout, parse_layout, verify_layout
 
     try:
@@ -78,7 +79,8 @@ def verify_main(workload: Path, layout: str) -> dict | None:
         print(f"{request.name}: checking {config} at full size, one training step per rank "
               f"role on fake tensors (memory cap "
               f"{request.cost.hardware.memory_cap_bytes / 1e9:.1f} GB per GPU)", flush=True)
-        return verify_layout(request, config, progress=lambda line: print(line, flush=True))
+        return verify_layout(request, config, roles=roles,
+                             progress=lambda line: print(line, flush=True))
     except ValueError as err:  # WorkloadError, a layout refused by name
         print(f"omni-plan: {workload}: {err}", file=sys.stderr)
         return None

@@ -24,6 +24,15 @@ shards under tensor parallelism), the peak of activation bytes saved for backwar
 ``SavedTensorMeter``, as a real run reports it), the peak of all fake tensor bytes alive during
 setup and the step (``torch.distributed._tools.mem_tracker.MemTracker``) and the step's
 floating-point operations (``torch.utils.flop_counter.FlopCounterMode``, forward and backward).
+
+FLOPs are the rank's own (``_RankFlops``): FlopCounterMode sees a DTensor op before DTensor
+splits it into its local op, so it would count the global GEMM of a tensor-parallel layer, TP
+times what the rank runs; here each DTensor op is let through uncounted and the local ops it
+runs are counted. Attention on the CPU runs SDPA's CPU flash kernel, which FlopCounterMode has
+no formula for: it gets torch's formula for the CUDA flash kernel (the forward's two GEMMs; the
+backward's five, the scores recomputed), halved for a causal call as the kernel skips the masked
+half. The first batch's one-sample shape check (``OmniSpec.check_shapes``, run once per engine,
+not in later steps) is not counted.
 """
 
 from __future__ import annotations
@@ -40,9 +49,11 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode, flop_registry
 
 from lightning_omnilab.validate import fail, require
 
@@ -94,7 +105,6 @@ def measure_rank(model_factory: Callable[[], torch.nn.Module], dims: ParallelDim
             "not initialized (measure_rank makes its own fake process group)", "initialized")
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
-    from torch.utils.flop_counter import FlopCounterMode
 
     with torch.device("meta"):  # as OmniStrategy's meta build (configure_model)
         module = model_factory()
@@ -104,9 +114,11 @@ def measure_rank(model_factory: Callable[[], torch.nn.Module], dims: ParallelDim
     hosting = param_hosting(spec, layout, dims.schedule)
     elsewhere = {id(p): tuple(p.shape) for p, h in zip(hosting.params, hosting.holders,
                                                         strict=True) if layout.rank not in h}
+    del hosting  # as OmniStrategy's meta build: nothing holds the whole weights once TP
+    # has sharded them (its list of parameters would keep every one alive through the step)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        flops = FlopCounterMode(display=False)
+        flops = _RankFlops()
         with ExitStack() as stack:
             fake = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
             stack.enter_context(_object_collectives_echo())
@@ -116,8 +128,8 @@ def measure_rank(model_factory: Callable[[], torch.nn.Module], dims: ParallelDim
             optimizer = _optimizer(module.configure_optimizers())
             if dims.zero_stage == 1:
                 optimizer = _zero(optimizer, engine)
-            with flops if count_flops else ExitStack():  # forward and backward
-                result = engine.step(dict(batch), StepMode.TRAIN)
+            with flops if count_flops else ExitStack(), flops.paused_in_shape_check():
+                result = engine.step(dict(batch), StepMode.TRAIN)  # forward and backward
             owned = engine.executor.owned_params()
             grad_bytes = sum(_local_bytes(p.grad) for p in owned if p.grad is not None)
             optimizer.step()
@@ -184,6 +196,74 @@ def _zero(optimizer: Optimizer, engine) -> Optimizer:
     from .runtime.zero import shard_optimizer
 
     return shard_optimizer(optimizer, engine.hosting.held(), group)
+
+
+def _attention_flops(cuda_op: Any, tensors: int, causal_at: int) -> Callable[..., int]:
+    """A FlopCounterMode formula for SDPA's CPU flash kernel: torch's formula for the CUDA
+    kernel ``cuda_op`` on the first ``tensors`` arguments (the backward's: grad_out, q, k, v),
+    halved when the causal flag (positional ``causal_at``) is set (see the module's
+    docstring)."""
+    formula = flop_registry[cuda_op]
+
+    def flops(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+        causal = kwargs.get("is_causal", args[causal_at] if len(args) > causal_at else False)
+        full = formula(*args[:tensors], out_val=out_val)
+        return full // 2 if causal else full
+
+    flops._get_raw = True  # FlopCounterMode: called with the tensors, not their shapes
+    return flops
+
+
+class _LocalOps(_FlopCounterMode):
+    """FlopCounterMode's dispatch mode, leaving each DTensor op to DTensor: its local ops come
+    back here and are counted."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(isinstance(x, DTensor) for x in tree_flatten((args, kwargs))[0]):
+            return NotImplemented
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class _RankFlops(FlopCounterMode):
+    """A FlopCounterMode counting what this rank runs (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        aten = torch.ops.aten
+        super().__init__(display=False, custom_mapping={
+            aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops(
+                aten._scaled_dot_product_flash_attention, 3, 4),
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_flops(
+                aten._scaled_dot_product_flash_attention_backward, 4, 7)})
+        self.counting = True
+
+    def __enter__(self) -> _RankFlops:  # FlopCounterMode's, with _LocalOps as its mode
+        self.flop_counts.clear()
+        self.mod_tracker.__enter__()
+        self.mode = _LocalOps(self)
+        self.mode.__enter__()
+        return self
+
+    def _count_flops(self, func_packet, out, args, kwargs):
+        if not self.counting:
+            return out
+        return super()._count_flops(func_packet, out, args, kwargs)
+
+    @contextmanager
+    def paused_in_shape_check(self) -> Iterator[None]:
+        """Inside: ``OmniSpec.check_shapes`` (the first batch's probe) is not counted."""
+        from .spec import OmniSpec
+
+        check = OmniSpec.check_shapes
+
+        def uncounted(spec: OmniSpec, *args: Any, **kwargs: Any) -> Any:
+            self.counting = False
+            try:
+                return check(spec, *args, **kwargs)
+            finally:
+                self.counting = True
+
+        with mock.patch.object(OmniSpec, "check_shapes", uncounted):
+            yield
 
 
 @contextmanager

@@ -41,7 +41,7 @@ from .plan.workload import LengthDist, Mixture, Source
 from .workload_yaml import PlanRequest
 
 __all__ = ["RolePrediction", "best_layout", "checked_step_scenario", "parse_layout",
-           "predict_roles", "verify_layout"]
+           "predict_roles", "runtime_cost", "verify_layout"]
 
 IMAGE_SIZE = 336  # LLaVA-1.5's CLIP input: 24 x 24 patches of 14 px, 576 features per image
 PATCH = 14
@@ -100,6 +100,11 @@ def checked_step_scenario(request: PlanRequest, features: int, encoder_tokens: i
                     encoder_tokens / features)
     return replace(base, name=f"{request.name}/checked step",
                    mixture=Mixture("one image per sequence", (source,)))
+
+
+def runtime_cost(cost: CostModel) -> CostModel:
+    """``cost`` as OmniStrategy runs: tensor parallelism without sequence parallelism."""
+    return replace(cost, sequence_parallel=False)
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,8 @@ def verify_layout(request: PlanRequest, layout: ParallelConfig, *,
     scenario = checked_step_scenario(request, features, features + 1)
     verdict = launch("omni", layout, scenario)
     dims = _dims(verdict.strategy_kwargs, layout, scenario.hardware.gpus_per_node)
-    predicted = predict_roles(scenario, request.cost, layout)
+    # OmniStrategy's TP has no sequence parallelism (tp_plan refuses SequenceParallel styles)
+    predicted = predict_roles(scenario, runtime_cost(request.cost), layout)
     wanted = sorted(predicted) if roles is None else [tuple(r) for r in roles]
     unknown = [r for r in wanted if r not in predicted]
     require(not unknown, "roles", f"(stage, TP rank) pairs of {layout}", unknown)

@@ -139,6 +139,15 @@ class TransformerConfig:
         norms = 2 * h
         return float(value_bytes * (attention + mlp + norms) + mask_bytes * 2 * h)
 
+    def replicated_bytes_per_token_layer(self, value_bytes: float, mask_bytes: float) -> float:
+        """The part of ``saved_bytes_per_token_layer`` that tensor parallelism without
+        sequence parallelism keeps whole on every TP rank (Korthikanti et al. 2022, sec. 4.2.2:
+        the 10*h of 34*h): the two norms' inputs, the QKV and first MLP GEMMs' inputs and the
+        two dropout masks. The rest (Q, K, V, the output projection's input, the MLP's ffn-wide
+        tensors) is split over TP either way."""
+        h = self.hidden
+        return float(value_bytes * (2 * h + h + h) + mask_bytes * 2 * h)
+
 
 @dataclass(frozen=True, slots=True)
 class Hardware:
@@ -230,6 +239,10 @@ class CostModel:
     # dropout: 4.0 and 0.0)
     activation_value_bytes: float = BYTES_BF16
     dropout_mask_bytes: float = 1.0
+    # Megatron-LM's sequence parallelism with TP: every stored activation split over TP.
+    # False: plain TP (OmniStrategy's, which refuses SequenceParallel styles), whose norms
+    # and GEMM inputs are whole on every TP rank (``replicated_bytes_per_token_layer``).
+    sequence_parallel: bool = True
 
     # ---- compute -------------------------------------------------------------------------
     def layer_seconds_each(self, model: TransformerConfig, lengths: Iterable[int] | np.ndarray,
@@ -422,23 +435,34 @@ class CostModel:
 
     def activation_bytes(self, model: TransformerConfig, tokens: float | np.ndarray,
                          layers: int, tp: int, recompute: bool) -> float | np.ndarray:
-        """Activations a microbatch keeps for backward, split over TP with sequence
-        parallelism (Korthikanti et al. 2022: every term divides by t). Full recompute keeps
-        only each layer's input (h values per token: 2*h bytes in bf16); the one layer being
-        recomputed at a time is a transient working set: ``recompute_working_bytes``, counted
-        once per rank, not per microbatch in flight. Values and masks are
-        ``activation_value_bytes`` and ``dropout_mask_bytes`` each."""
-        per_token_layer = (self.activation_value_bytes * model.hidden if recompute
-                           else self._layer_bytes(model))
-        return tokens * layers * per_token_layer / tp
+        """Activations a microbatch keeps for backward, split over TP: with sequence
+        parallelism every term divides by t (Korthikanti et al. 2022); without it
+        (``sequence_parallel=False``) the replicated part stays whole. Full recompute keeps
+        only each layer's input (h values per token: 2*h bytes in bf16; whole on every TP rank
+        without sequence parallelism); the one layer being recomputed at a time is a transient
+        working set: ``recompute_working_bytes``, counted once per rank, not per microbatch in
+        flight. Values and masks are ``activation_value_bytes`` and ``dropout_mask_bytes``
+        each."""
+        if recompute:
+            value = self.activation_value_bytes * model.hidden
+            whole, split = (0.0, value) if self.sequence_parallel else (value, 0.0)
+        else:
+            whole, split = self._layer_bytes(model)
+        return tokens * layers * whole + tokens * layers * split / tp
 
     def recompute_working_bytes(self, model: TransformerConfig, tokens: float, tp: int) -> float:
         """One layer's full activations for ``tokens``: what recomputation rebuilds at a time."""
-        return tokens * self._layer_bytes(model) / tp
+        whole, split = self._layer_bytes(model)
+        return tokens * whole + tokens * split / tp
 
-    def _layer_bytes(self, model: TransformerConfig) -> float:
-        return model.saved_bytes_per_token_layer(self.activation_value_bytes,
-                                                 self.dropout_mask_bytes)
+    def _layer_bytes(self, model: TransformerConfig) -> tuple[float, float]:
+        """One layer's saved bytes per token: (kept whole on every TP rank, split over TP)."""
+        vb, mb = self.activation_value_bytes, self.dropout_mask_bytes
+        full = model.saved_bytes_per_token_layer(vb, mb)
+        if self.sequence_parallel:
+            return 0.0, full
+        whole = model.replicated_bytes_per_token_layer(vb, mb)
+        return whole, full - whole
 
     def logits_bytes(self, model: TransformerConfig, tokens: float, tp: int) -> float:
         return tokens * model.vocab * 4.0 / tp

@@ -294,3 +294,25 @@ def test_activation_bytes_in_the_run_s_own_dtype():
     assert f32.activation_bytes(gpt, 10, 3, 1, recompute=False) == 10 * 3 * 4 * 16 * 64
     assert f32.activation_bytes(gpt, 10, 3, 1, recompute=True) == 10 * 3 * 4 * 64
     assert f32.recompute_working_bytes(gpt, 10, 1) == 10 * 4 * 16 * 64
+
+
+def test_activation_bytes_without_sequence_parallelism_keep_the_norms_whole():
+    """Plain TP (OmniStrategy's): the norms' inputs, the QKV and first MLP GEMMs' inputs and
+    the dropout masks are whole on every TP rank (Korthikanti et al.'s 10*h of 34*h), the
+    rest split; with sequence parallelism all of it is split."""
+    gpt = TransformerConfig("gpt", layers=4, hidden=8, heads=2, ffn_hidden=32)
+    assert gpt.activation_bytes_per_token_layer == 34 * 8
+    assert gpt.replicated_bytes_per_token_layer(2.0, 1.0) == 10 * 8
+    sp = CostModel(H100_80G)
+    plain = CostModel(H100_80G, sequence_parallel=False)
+    # 10 tokens, 3 layers, TP 4
+    assert sp.activation_bytes(gpt, 10, 3, 4, recompute=False) == 10 * 3 * 34 * 8 / 4
+    assert plain.activation_bytes(gpt, 10, 3, 4, recompute=False) == \
+        10 * 3 * (10 * 8 + 24 * 8 / 4)
+    # full recompute keeps each layer's bf16 input, whole without sequence parallelism
+    assert sp.activation_bytes(gpt, 10, 3, 4, recompute=True) == 10 * 3 * 2 * 8 / 4
+    assert plain.activation_bytes(gpt, 10, 3, 4, recompute=True) == 10 * 3 * 2 * 8
+    assert plain.recompute_working_bytes(gpt, 10, 4) == 10 * (10 * 8 + 24 * 8 / 4)
+    # TP 1: the same either way
+    assert plain.activation_bytes(gpt, 10, 3, 1, recompute=False) == \
+        sp.activation_bytes(gpt, 10, 3, 1, recompute=False)

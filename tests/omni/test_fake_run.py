@@ -6,6 +6,7 @@ real OmniStrategy fit on gloo processes (one training step, float64 toy, Adam)."
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -93,3 +94,56 @@ def test_fake_measurement_refuses_bad_arguments() -> None:
         measure_rank(lambda: make_tp_model(0), ParallelDims(pp=2), 0, batch)
     with pytest.raises(ValueError, match="rank"):
         measure_rank(lambda: make_tp_model(0), ParallelDims(pp=2, dp=1), 2, batch)
+
+
+def test_flops_are_the_rank_s_own() -> None:
+    """The FLOP counter of ``measure_rank`` on closed forms: a TP-sharded GEMM counts the
+    local shard's FLOPs (plain FlopCounterMode counts the global GEMM), causal attention on
+    the CPU flash kernel half the full QK^T and AV GEMMs, its backward 2.5x the forward, and
+    the first batch's shape check nothing."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lightning_omni.fake_run import _RankFlops
+    from lightning_omni.spec import OmniSpec
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        mesh = init_device_mesh("cpu", (4,))
+        with FakeTensorMode():
+            w = distribute_tensor(torch.randn(64, 128), mesh, [Shard(1)])
+            x = DTensor.from_local(torch.randn(32, 64), mesh, [Replicate()])
+            with FlopCounterMode(display=False) as plain:
+                x @ w
+            with _RankFlops() as rank:
+                x @ w
+            assert plain.get_total_flops() == 2 * 32 * 64 * 128
+            assert rank.get_total_flops() == 2 * 32 * 64 * 128 // 4
+
+            b, heads, s, d = 2, 4, 64, 16
+            q, k, v = (torch.randn(b, heads, s, d, requires_grad=True) for _ in range(3))
+            full = 2 * (2 * b * heads * s * s * d)  # QK^T and AV
+            for causal in (False, True):
+                with _RankFlops() as fwd:
+                    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                with _RankFlops() as bwd:
+                    out.sum().backward()
+                expected = full // 2 if causal else full
+                assert fwd.get_total_flops() == expected, causal
+                assert bwd.get_total_flops() == expected * 5 // 2, causal
+
+            def probe(spec, *args, **kwargs):
+                return torch.randn(8, 8) @ torch.randn(8, 8)
+
+            with _RankFlops() as counted, mock.patch.object(OmniSpec, "check_shapes", probe), \
+                    counted.paused_in_shape_check():
+                OmniSpec.check_shapes(None)
+                torch.randn(8, 8) @ torch.randn(8, 8)
+            assert counted.get_total_flops() == 2 * 8 ** 3
+    finally:
+        dist.destroy_process_group()
