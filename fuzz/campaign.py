@@ -127,7 +127,7 @@ def run_door(name: str, examples: int, seed: int, time_box: float, hang_s: float
                                                                       str(out), registry))
         t0 = time.monotonic()
         proc.start()
-        crash = hang = 0
+        crash = hang = boxed = 0
         while proc.is_alive():
             proc.join(0.5)
             counts = _read(out)
@@ -136,14 +136,15 @@ def run_door(name: str, examples: int, seed: int, time_box: float, hang_s: float
                 hang = 1
                 break
             if time.monotonic() - t0 > time_box + hang_s:  # the box spent: stop here
+                boxed = 1
                 break
         if proc.is_alive():
             proc.kill()
             proc.join()
         counts = _read(out) or {"inputs": 0, **dict.fromkeys(OUTCOMES, 0), "examples": [],
                                 "finished": False, "running": False}
-        if proc.exitcode not in (0, None) and not counts["finished"] and not hang:
-            crash = 1  # died at the input it was running
+        if proc.exitcode not in (0, None) and not counts["finished"] and not hang | boxed:
+            crash = 1  # died at the input it was running (not killed here at the box's end)
         if crash or hang:
             counts["examples"].append({"input": counts.get("current", "?"),
                                        "what": "crash" if crash else f"hang (> {hang_s} s)"})

@@ -28,6 +28,11 @@ def _hang(_, data) -> None:
     time.sleep(60)
 
 
+def _slow(_, data) -> None:
+    data.draw(st.integers(0, 3))
+    time.sleep(0.2)  # each input well within the hang limit; 1,000 of them outlast the box
+
+
 def _refuse(_, data) -> None:
     n = data.draw(st.integers(-5, 5))
     if n < 0:
@@ -41,5 +46,6 @@ def DOORS() -> dict[str, Door]:
         Door("nan", lambda: None, _nan, (ValueError,)),
         Door("crash", lambda: None, _crash, (ValueError,)),
         Door("hang", lambda: None, _hang, (ValueError,)),
+        Door("slow", lambda: None, _slow, (ValueError,)),
         Door("refuse", lambda: None, _refuse, (ValueError,), ("n:",)),
     )}
