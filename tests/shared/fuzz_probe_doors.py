@@ -29,7 +29,7 @@ def _hang(_, data) -> None:
 
 
 def _slow(_, data) -> None:
-    data.draw(st.integers(0, 3))
+    data.draw(st.integers(0, 10**9))  # more inputs than the box holds (4 values would run out)
     time.sleep(0.2)  # each input well within the hang limit; 1,000 of them outlast the box
 
 
