@@ -649,8 +649,8 @@ def _robustness(parser: argparse.ArgumentParser, policy: torch.nn.Module,
     try:
         summary = evaluate_robustness(policy, run.task, run.task_kwargs, episodes=args.episodes,
                                       seed=run.seed, max_steps=run.max_steps or 1000,
-                                      period_steps=period, push_mps=args.push,
-                                      reversal_mps=args.reversal)
+                                      period_steps=period, push=args.push,
+                                      reversal=args.reversal)
     except ValueError as err:
         parser.error(str(err))
     out = Path(args.out)

@@ -6,10 +6,10 @@ its first fall or the episode's end, and counts falls and tracking errors:
 
 - ``nominal``: the evaluation's commands (drawn every command period), no pushes;
 - ``pushes``: the same with one push per command period: the base's planar velocity changed by
-  ``push_mps`` in a drawn direction at a drawn step (the task's own push);
-- ``reversals``: the forward command alternating ``+reversal_mps`` and ``-reversal_mps`` at every
+  ``push`` m/s in a drawn direction at a drawn step (the task's own push);
+- ``reversals``: the forward command alternating ``+reversal`` and ``-reversal`` m/s at every
   command period (half the envs start backward), lateral and yaw commands 0: each change is a
-  step of ``2 x reversal_mps``;
+  step of ``2 x reversal``;
 - ``pushes+reversals``: both.
 
 The task's own pushes need its ``push_low``/``push_high`` parameters; a scheduled command needs
@@ -51,7 +51,7 @@ CONDITIONS = (Condition("nominal", False, False), Condition("pushes", True, Fals
 def evaluate_robustness(policy: torch.nn.Module, task: Any,
                         task_kwargs: Mapping[str, Any] | None = None, *, episodes: int = 50,
                         seed: int = 0, max_steps: int = 1000, period_steps: int = 250,
-                        push_mps: float = 0.5, reversal_mps: float = 0.7,
+                        push: float = 0.5, reversal: float = 0.7,
                         conditions: tuple[Condition, ...] = CONDITIONS) -> dict[str, Any]:
     """Run every condition on ``episodes`` envs for up to ``max_steps`` control steps, the
     command period ``period_steps``; the summary per condition (falls, when, tracking errors)
@@ -60,10 +60,9 @@ def evaluate_robustness(policy: torch.nn.Module, task: Any,
     episodes = positive_int("episodes", episodes)
     max_steps = positive_int("max_steps", max_steps)
     period_steps = positive_int("period_steps", period_steps)
-    require(np.isfinite(push_mps) and push_mps > 0, "push_mps", "a positive speed (m/s)",
-            push_mps)
-    require(np.isfinite(reversal_mps) and reversal_mps > 0, "reversal_mps",
-            "a positive speed (m/s)", reversal_mps)
+    require(np.isfinite(push) and push > 0, "push", "a positive speed (m/s)", push)
+    require(np.isfinite(reversal) and reversal > 0, "reversal", "a positive speed (m/s)",
+            reversal)
     missing = sorted(set(VELOCITY_TERMS) - set(evaluation_of(task).info_names))
     require(not missing, "task", "a task whose evaluation reads its velocities and commands "
             "(VelocityTracking)", f"{task_label(task)!r} without {missing}")
@@ -72,19 +71,19 @@ def evaluate_robustness(policy: torch.nn.Module, task: Any,
     for condition in conditions:
         params = {**dict((task_kwargs or {}).get("params") or {}),
                   "resample_steps": period_steps,
-                  "push_low": push_mps if condition.pushes else 0.0,
-                  "push_high": push_mps if condition.pushes else 0.0}
+                  "push_low": push if condition.pushes else 0.0,
+                  "push_high": push if condition.pushes else 0.0}
         kwargs = {**dict(task_kwargs or {}), "params": params}
         rows.append(_run(policy, task, kwargs, condition, episodes, seed, max_steps,
-                         period_steps, reversal_mps))
+                         period_steps, reversal))
     return {"episodes": episodes, "seed": seed, "max_steps": max_steps,
-            "period_steps": period_steps, "push_mps": push_mps, "reversal_mps": reversal_mps,
+            "period_steps": period_steps, "push_mps": push, "reversal_mps": reversal,
             "conditions": rows}
 
 
 def _run(policy: torch.nn.Module, task: Any, kwargs: dict[str, Any], condition: Condition,
          episodes: int, seed: int, max_steps: int, period_steps: int,
-         reversal_mps: float) -> dict[str, Any]:
+         reversal: float) -> dict[str, Any]:
     from lightning_unilab.envs.vector_env import TaskVectorEnv
 
     evaluation = evaluation_of(task)
@@ -95,7 +94,7 @@ def _run(policy: torch.nn.Module, task: Any, kwargs: dict[str, Any], condition: 
 
         def command() -> None:
             cmd = np.zeros((episodes, 3))
-            cmd[:, 0] = sign * reversal_mps
+            cmd[:, 0] = sign * reversal
             require(evaluation.set_command(env, obs, cmd), "task",
                     "a task whose evaluation sets its velocity command (reversals)", env.name)
 

@@ -52,7 +52,7 @@ def test_every_condition_runs_and_reversals_alternate(monkeypatch) -> None:
 
     monkeypatch.setattr(type(g1), "set_command", spy)
     summary = evaluate_robustness(policy, "g1-walk-flat", episodes=4, max_steps=12,
-                                  period_steps=4, push_mps=0.5, reversal_mps=0.65)
+                                  period_steps=4, push=0.5, reversal=0.65)
     assert [r["condition"] for r in summary["conditions"]] == [c.name for c in CONDITIONS]
     # two conditions reverse: at the start and after steps 4 and 8 (12 steps: nobody falls
     # that soon), half the envs starting backward
