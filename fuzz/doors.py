@@ -757,7 +757,8 @@ def knock_clip(good: tuple[Any, dict], data: Any) -> None:
         expect(bool(np.array_equal(getattr(clip, key),
                                    arrays[key][:, order].astype(np.float64))),
                f"{key}: the clip's columns are not the file's, by joint name")
-    expect(clip.fps == float(arrays["fps"]), f"fps {clip.fps} from {arrays['fps']!r}")
+    expect(clip.fps == float(np.asarray(arrays["fps"]).reshape(())),
+           f"fps {clip.fps} from {arrays['fps']!r}")
     expect(bool(np.array_equal(clip.body_pos_w, arrays["body_pos_w"].astype(np.float64))),
            "body_pos_w changed")
 

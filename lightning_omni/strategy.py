@@ -148,6 +148,10 @@ class OmniStrategy(DDPStrategy):
                      str(dims))
         boolean("meta_init", meta_init)
         boolean("check_finite", check_finite)
+        if not isinstance(timeout, timedelta):
+            fail("timeout", "a datetime.timedelta > 0", timeout, ArgumentTypeError)
+        if timeout <= timedelta(0):
+            fail("timeout", "a datetime.timedelta > 0", timeout)
         super().__init__(timeout=timeout, **kwargs)
         # every degree and option of the layout, validated; ``for_world`` fills in ``dp``
         self.dims: ParallelDims = dims or from_keywords

@@ -20,8 +20,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from lightning_omnilab.validate import (
+    ArgumentTypeError,
     boolean,
     fail,
+    number,
     one_of,
     positive_int,
     positive_number,
@@ -75,9 +77,7 @@ class ParallelDims:
         one_of("schedule", self.schedule, SCHEDULES)
         micro = positive_int("num_microbatches", self.num_microbatches, none_ok=True)
         max_rows = positive_number("lssp_max_rows", self.lssp_max_rows, none_ok=True)
-        cost = tuple(self.encoder_cost)
-        if len(cost) != 2 or any(c < 0 for c in cost) or sum(cost) <= 0:
-            fail("encoder_cost", "(a, b) >= 0, not both 0", self.encoder_cost)
+        cost = _encoder_cost(self.encoder_cost)
         one_of("ulysses_backend", self.ulysses_backend, BACKENDS)
         one_of("zero_stage", self.zero_stage, (0, 1), expected="0 (replicated optimizer "
                "state) or 1 (sharded over each stage's data-parallel group)")
@@ -90,7 +90,7 @@ class ParallelDims:
         fixed: dict[str, Any] = {
             "pp": pp, "dp": dp, "tp": tp, "vpp": vpp, "num_microbatches": micro,
             "encoder_tp": tp if encoder_tp is None else encoder_tp,
-            "lssp_max_rows": max_rows, "encoder_cost": (float(cost[0]), float(cost[1])),
+            "lssp_max_rows": max_rows, "encoder_cost": cost,
             "stage_blocks": _ints(self.stage_blocks),
             "locality_groups": _ints(self.locality_groups)}
         for name, value in fixed.items():  # normalized: equal layouts hash alike
@@ -182,6 +182,26 @@ def check_microbatches(samples: int, num_microbatches: int, source: str = "") ->
         raise ValueError(f"batch: {samples} samples per data-parallel replica{source} cannot be "
                          f"split into num_microbatches={num_microbatches} equal microbatches; "
                          f"use a batch size divisible by {num_microbatches}")
+
+
+def _encoder_cost(value: Any) -> tuple[float, float]:
+    """``(a, b)``: two finite numbers >= 0, not both 0 (a list from a config file too)."""
+    expected = "a pair (a, b) of finite numbers >= 0, not both 0"
+    try:
+        pair = list(value) if not isinstance(value, str | bytes | dict) else None
+    except TypeError:
+        pair = None
+    if pair is None or len(pair) != 2:
+        fail("encoder_cost", expected, value, ArgumentTypeError)
+    try:
+        cost = (number("encoder_cost", pair[0], low=0), number("encoder_cost", pair[1], low=0))
+    except ArgumentTypeError:
+        fail("encoder_cost", expected, value, ArgumentTypeError)
+    except ValueError:
+        fail("encoder_cost", expected, value)
+    if sum(cost) <= 0:
+        fail("encoder_cost", expected, value)
+    return cost
 
 
 def _ints(values: Sequence[int] | None) -> tuple[int, ...] | None:

@@ -56,7 +56,15 @@ from typing import Any
 import mujoco
 import numpy as np
 
-from lightning_omnilab.validate import boolean, non_negative_int, one_of
+from lightning_omnilab.validate import (
+    ArgumentTypeError,
+    boolean,
+    fail,
+    non_negative_int,
+    number,
+    one_of,
+    positive_int,
+)
 from lightning_unilab import _core
 from lightning_unilab.envs import tasks
 from lightning_unilab.envs.pool import BatchEnvPool, broadcast_real
@@ -187,7 +195,27 @@ def _numpy_model_and_spec(task: NumpyTask) -> tuple[mujoco.MjModel, TaskSpec]:
         raise ValueError(f"task {label}: spec.reset_info_size must be 0 for a NumpyTask (reset "
                          "info is written by C++ tasks only); report terms per step through "
                          "Transition.info")
+    _check_spec(spec, f"task {label}: spec.")
     return model, spec
+
+
+def _check_spec(spec: TaskSpec, prefix: str) -> None:
+    """A user's spec against the rules a C++ task's spec follows, each field by name."""
+    for name in ("obs_size", "action_size", "frame_skip"):
+        positive_int(prefix + name, getattr(spec, name))
+    for name in ("max_episode_steps", "critic_size", "memory_size", "resample_steps"):
+        non_negative_int(prefix + name, getattr(spec, name), why="0: none")
+    number(prefix + "max_speed", spec.max_speed, low=0)
+    for name in ("action_low", "action_high"):
+        bound = np.asarray(getattr(spec, name))
+        if bound.shape != (spec.action_size,) or not np.issubdtype(bound.dtype, np.number) \
+                or not np.isfinite(bound).all():
+            fail(prefix + name, f"{spec.action_size} finite numbers (action_size)",
+                 getattr(spec, name))
+    if not (np.asarray(spec.action_low) < np.asarray(spec.action_high)).all():
+        fail(prefix + "action_low", "below action_high in every entry", spec.action_low)
+    if not all(isinstance(n, str) for n in spec.info_names):
+        fail(prefix + "info_names", "a tuple of str", spec.info_names, ArgumentTypeError)
 
 
 class TaskVectorEnv:

@@ -11,6 +11,8 @@ run that trains on a wrong clip fails hours later and far from the cause.
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -167,10 +169,14 @@ def _names(data: dict[str, np.ndarray], key: str, count: int, known: tuple[str, 
     return names
 
 
+# what a cut short or corrupted archive raises, at opening or at reading a member
+_ARCHIVE_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
 def _read(path: str) -> dict[str, np.ndarray]:
     try:
         archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
+    except _ARCHIVE_ERRORS as err:
         if isinstance(err, FileNotFoundError):
             raise
         raise ValueError(f"{path}: not a readable .npz archive ({err})") from None
@@ -181,8 +187,10 @@ def _read(path: str) -> dict[str, np.ndarray]:
         for key in archive.files:
             try:
                 data[key] = archive[key]
-            except ValueError as err:  # object arrays need pickle, which we never run
-                raise ValueError(f"{path}: {key}: unreadable without pickle ({err})") from None
+            except _ARCHIVE_ERRORS as err:  # object arrays need pickle, which we never run
+                raise ValueError(f"{path}: {key}: unreadable: not a plain array without pickle, "
+                                 f"or the archive is damaged ({type(err).__name__}: {err})"
+                                 ) from None
     return data
 
 

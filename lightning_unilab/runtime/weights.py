@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lightning_omnilab.validate import ArgumentTypeError, fail, integer
 from lightning_unilab import _core
 from lightning_unilab.runtime.ring import wait_until
 from lightning_unilab.runtime.shm import SharedBlock, free_shm_bytes, new_name, reclaim_orphans
@@ -54,6 +55,21 @@ def _layout(state: Mapping[str, torch.Tensor]) -> tuple[tuple, int]:
     return tuple(entries), offset
 
 
+def _check_publishable(key: str, got: object, held: torch.Tensor) -> None:
+    """``got`` fits ``held`` without a silent change: the same shape (a broadcast would copy),
+    the same dtype, or floating point on both sides (a NaN or a fraction cast to an integer,
+    a complex cast to real, would be)."""
+    if not isinstance(got, torch.Tensor):
+        fail(f"state_dict[{key!r}]", "a torch.Tensor", type(got).__name__, ArgumentTypeError)
+    if tuple(got.shape) != tuple(held.shape):
+        fail(f"state_dict[{key!r}]", f"a tensor of shape {tuple(held.shape)}, as the board holds",
+             tuple(got.shape))
+    if got.dtype != held.dtype and not (got.dtype.is_floating_point and
+                                        held.dtype.is_floating_point):
+        fail(f"state_dict[{key!r}]", f"a tensor of dtype {held.dtype} (or another floating "
+             "dtype for a floating one), as the board holds", got.dtype)
+
+
 class WeightBoard:
     """One policy's state dict in shared memory with a version; :meth:`create` / :meth:`attach`."""
 
@@ -69,6 +85,7 @@ class WeightBoard:
     @classmethod
     def create(cls, module: nn.Module, version: int = 0) -> WeightBoard:
         """A board shaped like ``module.state_dict()``, holding it as ``version``."""
+        version = integer("version", version, minimum=0, below=2**64)  # before any memory
         state = module.state_dict()
         layout, nbytes = _layout(state)
         for key, _, dtype, _ in layout:
@@ -109,12 +126,15 @@ class WeightBoard:
             extra = sorted(set(state) - set(self._tensors))
             raise ValueError(f"state_dict: keys differ from the board's (missing {missing[:4]}, "
                              f"unexpected {extra[:4]})")
+        version = integer("version", version, minimum=0, below=2**64)
+        for key, dst in self._tensors.items():
+            _check_publishable(key, state[key], dst)
         _core.atomic_fetch_add(self._words, _SEQ, 1)  # odd: write in progress
         try:
             with torch.no_grad():
                 for key, dst in self._tensors.items():
                     dst.copy_(state[key].detach())
-            _core.atomic_store(self._words, _VERSION, int(version))
+            _core.atomic_store(self._words, _VERSION, version)
         finally:
             _core.atomic_fetch_add(self._words, _SEQ, 1)  # even: consistent again
 

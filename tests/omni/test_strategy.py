@@ -2,6 +2,7 @@
 
 import logging
 import os
+from datetime import timedelta
 
 import pytest
 import torch
@@ -45,6 +46,12 @@ def test_registered_as_omni():
     ({"data_parallel": False}, r"^data_parallel: expected an int >= 1 or None, got False$"),
     ({"zero_stage": True}, r"^zero_stage: expected 0 .* or 1 .*, got True$"),
     ({"lssp": "yes"}, r"^lssp: expected True or False, got 'yes'$"),
+    ({"encoder_cost": 3}, r"^encoder_cost: expected a pair \(a, b\) of finite numbers >= 0, "
+                          r"not both 0, got 3$"),
+    ({"encoder_cost": (1.0, float("nan"))}, r"^encoder_cost: expected a pair .*, got \(1.0, nan\)"),
+    ({"encoder_cost": [0, 0]}, r"^encoder_cost: expected a pair .*, got \[0, 0\]$"),
+    ({"timeout": 1e308}, r"^timeout: expected a datetime.timedelta > 0, got 1e\+308$"),
+    ({"timeout": timedelta(0)}, r"^timeout: expected a datetime.timedelta > 0"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

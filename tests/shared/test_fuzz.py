@@ -23,15 +23,7 @@ CI_SLOW = {"APPO batch": 60, "motion clip .npz": 80, "user task (MJCF, spec)": 6
 CI_TOTAL = 2000
 # entry points where the campaign found wrong results that are not fixed yet
 # (docs/reliability.md, "What the runs found"): counted, reported, expected to fail here
-OPEN_FINDINGS = {
-    "OmniStrategy(...)": "encoder_cost: a non-iterable value ends in TypeError naming nothing; "
-                         "timeout: a number is accepted",
-    "WeightBoard": "version: negative or >= 2**64 ends in pybind's TypeError naming nothing; "
-                   "publish of another shape ends in torch's RuntimeError naming no key",
-    "motion clip .npz": "a cut or corrupted file ends in zipfile.BadZipFile, not ValueError",
-    "user task (MJCF, spec)": "a NumpyTask's spec sizes are not checked (numpy's errors, "
-                              "naming no field)",
-}
+OPEN_FINDINGS: dict[str, str] = {}
 
 
 def _examples(name: str) -> int:

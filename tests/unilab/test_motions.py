@@ -144,11 +144,27 @@ def test_loader_never_unpickles(clip: MotionClip, model: mujoco.MjModel, tmp_pat
     arrays = _arrays(clip)
     arrays["body_names"] = np.array(list(clip.body_names), dtype=object)
     np.savez(tmp_path / "pickled.npz", **arrays)
-    with pytest.raises(ValueError, match=r"pickled\.npz: body_names: unreadable without pickle"):
+    with pytest.raises(ValueError, match=r"pickled\.npz: body_names: unreadable: not a plain "
+                                         r"array without pickle"):
         load_clip(tmp_path / "pickled.npz", model)
     (tmp_path / "text.npz").write_text("not a zip")
     with pytest.raises(ValueError, match=r"text\.npz: not a readable \.npz"):
         load_clip(tmp_path / "text.npz", model)
+
+
+@pytest.mark.parametrize("damage", ["cut", "flipped"])
+def test_loader_names_the_file_of_a_damaged_archive(damage: str, clip: MotionClip,
+                                                   model: mujoco.MjModel, tmp_path: Path) -> None:
+    path = tmp_path / "clip.npz"
+    np.savez_compressed(path, **{k: v for k, v in _arrays(clip).items() if v is not None})
+    data = bytearray(path.read_bytes())
+    if damage == "cut":  # a copy that stopped early: the zip directory at the end is gone
+        data = data[:len(data) // 2]
+    else:  # one bit of a compressed member: its CRC or inflate fails when it is read
+        data[len(data) // 3] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"clip\.npz: .*(not a readable|damaged)"):
+        load_clip(path, model)
 
 
 def test_loader_reorders_joints_and_reads_nameless_files(clip: MotionClip, model: mujoco.MjModel,

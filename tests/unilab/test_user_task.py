@@ -7,6 +7,7 @@ another process are refused in this process, naming the class and what is missin
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import sys
@@ -434,3 +435,31 @@ def test_classes_another_process_cannot_import_are_refused_here(tmp_path):
             pass
 
         RolloutDataModule(PointMass, randomization=LocalDamping())
+
+
+class BadSpecTask(PointMass):
+    """PointMass with one spec field replaced."""
+
+    def __init__(self, **field: object) -> None:
+        super().__init__()
+        self.field = field
+
+    @property
+    def spec(self) -> TaskSpec:
+        return dataclasses.replace(PointMass.spec.fget(self), **self.field)
+
+
+@pytest.mark.parametrize("field,match", [
+    ({"frame_skip": -1}, r"spec\.frame_skip: expected an int >= 1, got -1"),
+    ({"obs_size": -1}, r"spec\.obs_size: expected an int >= 1, got -1"),
+    ({"max_episode_steps": -3}, r"spec\.max_episode_steps: expected an int >= 0 \(0: none\)"),
+    ({"action_low": -np.ones(2)}, r"spec\.action_low: expected 1 finite numbers"),
+    ({"action_high": np.array([np.nan])}, r"spec\.action_high: expected 1 finite numbers"),
+    ({"action_low": np.ones(1)}, r"spec\.action_low: expected below action_high"),
+    ({"max_speed": -1.0}, r"spec\.max_speed: expected a number >= 0"),
+])
+def test_a_spec_that_breaks_the_rules_is_named_by_its_field(field, match):
+    from lightning_unilab import TaskVectorEnv
+
+    with pytest.raises(ValueError, match=rf"^task BadSpecTask: {match}"):
+        TaskVectorEnv(BadSpecTask(**field), 2, 1, seed=0)

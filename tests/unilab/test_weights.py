@@ -78,3 +78,32 @@ def test_reader_never_sees_a_mix_of_two_versions():
         board.unlink()
     assert versions == sorted(versions)
     assert len(set(versions)) > 2  # reads interleaved with publishing
+
+
+@pytest.mark.parametrize("version", [-1, 2**64, 1.5, True])
+def test_a_version_outside_the_counter_is_refused_by_name(version):
+    with pytest.raises(ValueError, match=r"^version: expected an int >= 0 and below "
+                                         r"18446744073709551616, got"):
+        WeightBoard.create(_policy(), version)
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda t: t[:1], r"expected a tensor of shape \(64, 6\), as the board holds, got \(1, 6\)"),
+    (lambda t: t.to(torch.int64), r"expected a tensor of dtype torch.float32 .*got torch.int64"),
+    (lambda t: t.tolist(), r"expected a torch.Tensor, got 'list'"),
+])
+def test_a_publish_that_would_change_a_tensor_silently_names_its_key(change, match):
+    board = WeightBoard.create(_policy())
+    try:
+        state = _policy().state_dict()
+        key = next(k for k, v in state.items() if tuple(v.shape) == (64, 6))
+        state[key] = change(state[key])
+        with pytest.raises(ValueError, match=rf"^state_dict\['{key}'\]: {match}"):
+            board.publish(state, 1)
+        state = _policy().state_dict()
+        state[key] = state[key].double()  # another floating precision: cast, as before
+        board.publish(state, 2)
+        assert board.version == 2
+    finally:
+        board.close()
+        board.unlink()
