@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "omnilab/task.h"
 
@@ -28,6 +29,12 @@ constexpr int kLastContact = kAirTime + 2;
 constexpr int kStep = kLastContact + 2;
 constexpr int kPush = kStep + 1;  // the next push: steps until it, then its (vx, vy)
 constexpr int kMemory = kPush + 3;
+// training-only columns, there only while obs_noise or action_delay_prob is on (off, the memory
+// is the 40 above, so that an env state saved before them still loads): the episode's noise key
+// (a 53-bit whole number) and whether the episode's actions are delayed (1) or not (0)
+constexpr int kNoiseKey = kMemory;
+constexpr int kDelayed = kNoiseKey + 1;
+constexpr int kRobustMemory = kDelayed + 1;
 constexpr int kObs = 3 + 3 + kJoints + kJoints + kJoints + 3 + 2;  // 98, + 3 with observe_linvel
 constexpr int kCriticExtra = 3 + 1 + 2 + 2;                          // after the actor's
 constexpr double kStepRatioTolerance = 1e-4;  // of ctrl_dt / timestep, from a whole number
@@ -70,6 +77,22 @@ const TaskParams& Defaults() {
       // push_high 0: off (no draws). The evaluation turns pushes off (evaluate.py).
       {"push_low", 0.0},
       {"push_high", 0.0},
+      // the actor's observation noise, as MuJoCo Playground's G1 joystick: each noised field
+      // + U(-1, 1) x obs_noise x its term's magnitude (rad/s, -, rad, rad/s, m/s); none on the
+      // last action, command or gait clock, none in the critic's copy. obs_noise 0: off (no
+      // draws). The draws are a stream of the episode's noise key and the step count, so that
+      // Observe needs no Rng and observing a state twice gives the same noise.
+      {"obs_noise", 0.0},
+      {"obs_noise_gyro", 0.2},
+      {"obs_noise_gravity", 0.05},
+      {"obs_noise_joint_pos", 0.03},
+      {"obs_noise_joint_vel", 1.5},
+      {"obs_noise_linvel", 0.1},
+      // the probability that an episode's actions act one control step late: drawn at each
+      // episode start, a delayed env applies the previous step's action (zeros, the home pose,
+      // at the first step). The action-rate reward keeps the policy's own actions. 0: off (no
+      // draws). The evaluation turns both off.
+      {"action_delay_prob", 0.0},
       {"action_scale", 0.5},
       // the waist's and arms' action scale is action_scale x this: 0 holds them at the home
       // pose, so that the policy walks with its legs alone (Unitree's rl_gym trains the G1's
@@ -197,7 +220,8 @@ class G1WalkFlat : public Task {
     spec_.obs_size = kObs + (observe_linvel_ ? 3 : 0);
     spec_.critic_size = spec_.obs_size + kCriticExtra;
     spec_.action_size = kJoints;
-    spec_.memory_size = kMemory;
+    ReadRobustness(p);
+    spec_.memory_size = noise_on_ || delay_prob_ > 0 ? kRobustMemory : kMemory;
     spec_.action_low.assign(kJoints, -1.0);
     spec_.action_high.assign(kJoints, 1.0);
     // each term's share of the reward (ctrl_dt x weight x term): they sum to the reward
@@ -309,7 +333,7 @@ class G1WalkFlat : public Task {
   }
 
   void Start(const mjModel*, const mjData*, mjtNum* memory) const override {
-    for (int i = 0; i < kMemory; ++i) memory[i] = 0;
+    for (int i = 0; i < spec_.memory_size; ++i) memory[i] = 0;
   }
 
   void Resample(Rng& rng, mjtNum* memory) const override {
@@ -327,10 +351,17 @@ class G1WalkFlat : public Task {
       memory[kPush + 1] = speed * std::cos(angle);
       memory[kPush + 2] = speed * std::sin(angle);
     }
+    if (memory[kStep] == 0) {  // the episode's start: its training-only draws
+      if (noise_on_) memory[kNoiseKey] = rng.Uniform(0, 0x1p53);  // a whole number, exactly
+      if (delay_prob_ > 0) memory[kDelayed] = rng.Uniform(0, 1) < delay_prob_ ? 1 : 0;
+    }
   }
 
   void Act(const mjModel*, mjData* d, const mjtNum* action, mjtNum* memory) const override {
-    for (int i = 0; i < kJoints; ++i) d->ctrl[i] = home_[7 + i] + action_scale_[i] * action[i];
+    // a delayed episode applies the previous step's action, which last_action still holds
+    const bool delayed = delay_prob_ > 0 && memory[kDelayed] != 0;
+    const mjtNum* applied = delayed ? memory + kLastAction : action;
+    for (int i = 0; i < kJoints; ++i) d->ctrl[i] = home_[7 + i] + action_scale_[i] * applied[i];
     if (push_high_ > 0) {  // as lightning_unilab.envs.terms.apply_due_push: due once
       memory[kPush] -= 1;
       if (memory[kPush] == 0) {
@@ -451,17 +482,68 @@ class G1WalkFlat : public Task {
     if (observe_linvel_) {
       for (int i = 0; i < 3; ++i) *o++ = s[local_linvel_ + i];
     }
-    if (!critic) return;
     const int actor = static_cast<int>(o - obs);
-    for (int i = 0; i < actor; ++i) critic[i] = obs[i];
-    mjtNum* c = critic + actor;
-    for (int i = 0; i < 3; ++i) *c++ = s[local_linvel_ + i];
-    *c++ = d->qpos[2];
-    for (int f = 0; f < 2; ++f) *c++ = s[foot_contact_[f]] > 0 ? 1 : 0;
-    for (int f = 0; f < 2; ++f) *c++ = memory[kAirTime + f];
+    if (critic) {
+      for (int i = 0; i < actor; ++i) critic[i] = obs[i];
+      mjtNum* c = critic + actor;
+      for (int i = 0; i < 3; ++i) *c++ = s[local_linvel_ + i];
+      *c++ = d->qpos[2];
+      for (int f = 0; f < 2; ++f) *c++ = s[foot_contact_[f]] > 0 ? 1 : 0;
+      for (int f = 0; f < 2; ++f) *c++ = memory[kAirTime + f];
+    }
+    if (noise_on_) {  // the actor's alone, after the critic's clean copy
+      // as lightning_unilab.envs.terms.observation_noise: one draw per field, noised or not
+      Rng stream = Rng::ForEnv(static_cast<std::uint64_t>(memory[kNoiseKey]),
+                               static_cast<int>(memory[kStep]));
+      for (int i = 0; i < actor; ++i) {
+        const mjtNum u = stream.Uniform(-1, 1);
+        if (noise_scale_[i] != 0) obs[i] += noise_scale_[i] * u;
+      }
+    }
   }
 
  private:
+  // obs_noise and its terms' magnitudes (noise_scale_ per actor field), action_delay_prob:
+  // finite and >= 0 (a probability for the delay), else std::invalid_argument
+  void ReadRobustness(ParamReader& p) {
+    const double noise = NonNegative(Param(p, "obs_noise"), "obs_noise");
+    const double gyro = noise * NonNegative(Param(p, "obs_noise_gyro"), "obs_noise_gyro");
+    const double gravity =
+        noise * NonNegative(Param(p, "obs_noise_gravity"), "obs_noise_gravity");
+    const double joint_pos =
+        noise * NonNegative(Param(p, "obs_noise_joint_pos"), "obs_noise_joint_pos");
+    const double joint_vel =
+        noise * NonNegative(Param(p, "obs_noise_joint_vel"), "obs_noise_joint_vel");
+    const double linvel = noise * NonNegative(Param(p, "obs_noise_linvel"), "obs_noise_linvel");
+    // the actor's fields in Observe's order; the last action, command and clock stay 0
+    noise_scale_.assign(spec_.obs_size, 0.0);
+    int at = 0;
+    const auto fill = [&](int count, double scale) {
+      for (int i = 0; i < count; ++i) noise_scale_[at + i] = scale;
+      at += count;
+    };
+    fill(3, gyro);
+    fill(3, gravity);
+    fill(kJoints, joint_pos);
+    fill(kJoints, joint_vel);
+    at += kJoints + 3 + 2;
+    if (observe_linvel_) fill(3, linvel);
+    noise_on_ = noise > 0;
+    delay_prob_ = Param(p, "action_delay_prob");
+    if (!(delay_prob_ >= 0 && delay_prob_ <= 1)) {
+      throw std::invalid_argument("g1-walk-flat: action_delay_prob: expected a probability in "
+                                  "[0, 1], got " + Num(delay_prob_));
+    }
+  }
+
+  static double NonNegative(double x, const char* name) {
+    if (!(x >= 0) || !std::isfinite(x)) {
+      throw std::invalid_argument(std::string("g1-walk-flat: ") + name +
+                                  ": expected a finite number >= 0, got " + Num(x));
+    }
+    return x;
+  }
+
   // The swing target of a foot at gait phase `phase` (radians, any value): with the phase
   // wrapped to phi in [-pi, pi) and x = (phi + pi) / (2 pi) in [0, 1), the height rises from 0
   // (x = 0) to h (x = 1/2) and falls back to 0 (x = 1) along the cubic Bezier
@@ -529,6 +611,9 @@ class G1WalkFlat : public Task {
   bool keep_draws_ = false;
   bool observe_linvel_;
   double push_low_, push_high_, push_period_;
+  std::vector<double> noise_scale_;  // per actor field: obs_noise x its term's magnitude
+  bool noise_on_ = false;
+  double delay_prob_ = 0;
   double w_lin_, w_ang_, w_linz_, w_angxy_, w_orient_, w_torque_, w_rate_, w_air_, w_slip_,
       w_term_, w_alive_, w_phase_, swing_height_, phase_sigma_, reward_floor_, w_pose_, w_hip_,
       w_knee_;

@@ -30,16 +30,26 @@ if TYPE_CHECKING:
 
 JOINTS = 29
 # per-env memory, as in the C++ task: last action, command (vx, vy, yaw rate), feet air time,
-# feet contact at the last step, steps in the episode, the next push (steps until it, vx, vy)
+# feet contact at the last step, steps in the episode, the next push (steps until it, vx, vy);
+# then the training-only columns, there only while obs_noise or action_delay_prob is on (off,
+# the memory is PLAIN_MEMORY wide, so that an env state saved before them still loads): the
+# episode's noise key (a 53-bit whole number) and whether its actions are delayed (1) or not (0)
 LAYOUT = terms.MemoryLayout(last_action=JOINTS, command=3, air_time=2, last_contact=2, step=1,
-                            push=3)
+                            push=3, noise_key=1, action_delayed=1)
 LAST_ACTION = LAYOUT["last_action"]
 COMMAND = LAYOUT["command"]
 AIR_TIME = LAYOUT["air_time"]
 LAST_CONTACT = LAYOUT["last_contact"]
 STEP = LAYOUT.column("step")
 PUSH = LAYOUT["push"]
+NOISE_KEY = LAYOUT.column("noise_key")
+DELAYED = LAYOUT.column("action_delayed")
 MEMORY = LAYOUT.size
+PLAIN_MEMORY = NOISE_KEY  # with obs_noise and action_delay_prob off
+# obs_noise's magnitude parameter of each noised actor term (the others get none)
+NOISE_PARAMS = {"gyro": "obs_noise_gyro", "projected_gravity": "obs_noise_gravity",
+                "joint_pos": "obs_noise_joint_pos", "joint_vel": "obs_noise_joint_vel",
+                "local_linvel": "obs_noise_linvel"}
 OBS = 3 + 3 + 3 * JOINTS + 3 + 2  # 98; + 3 (the local linear velocity) with observe_linvel
 CRITIC_EXTRA = 3 + 1 + 2 + 2  # the critic's fields after the actor's
 CRITIC = OBS + CRITIC_EXTRA  # 106
@@ -48,7 +58,8 @@ FEET = ("left_foot", "right_foot")  # the foot sites, each above the box geom of
 # the command the step followed, before any resample)
 SERIES = ("vx", "vy", "yaw_rate", "vx_command", "vy_command", "yaw_rate_command", "base_height")
 # the evaluator's hooks: the series above, and the evaluation's parameters: no pushes, every
-# command component as drawn (the issue's evaluation; a command mix would make it easier)
+# command component as drawn (a command mix would make it easier), exact observations and
+# prompt actions (noise and delay are training's alone)
 class G1WalkEvaluation(VelocityTracking):
     """The velocity-tracking hooks, and a command set from outside (the robustness schedule)."""
 
@@ -65,7 +76,7 @@ class G1WalkEvaluation(VelocityTracking):
 
 EVALUATION = G1WalkEvaluation(training_only={
     "push_low": 0.0, "push_high": 0.0, "command_keep_vx": 1.0, "command_keep_vy": 1.0,
-    "command_keep_yaw": 1.0})
+    "command_keep_yaw": 1.0, "obs_noise": 0.0, "action_delay_prob": 0.0})
 
 
 STEP_RATIO_TOLERANCE = 1e-4  # of ctrl_dt / timestep from a whole number, as in C++
@@ -135,6 +146,13 @@ class G1Params:
     observe_linvel: float  # 1: the actor observes the pelvis's local linear velocity too
     push_low: float  # m/s: one push per command period of U(push_low, push_high); 0 high: off
     push_high: float
+    obs_noise: float  # the actor's observation noise: U(-1, 1) x this x each term's magnitude
+    obs_noise_gyro: float  # rad/s
+    obs_noise_gravity: float
+    obs_noise_joint_pos: float  # rad
+    obs_noise_joint_vel: float  # rad/s
+    obs_noise_linvel: float  # m/s, with observe_linvel
+    action_delay_prob: float  # the probability that an episode's actions act a step late
     action_scale: float
     upper_body_action_factor: float  # the waist's and arms' scale: action_scale x this
     reset_joint_noise: float
@@ -245,6 +263,7 @@ class G1WalkFlat(NumpyTask):
         self.obs_terms = observation_terms(bool(p.observe_linvel), p.gait_frequency,
                                            m.joint(base).name, bounds)
         self.obs_size = sum(t.size for t in self.obs_terms)  # OBS, + 3 with observe_linvel
+        self._setup_robustness()
         self.home = self.robot.default_qpos
         self.default = self.robot.default_joint_pos
         self.s_gyro = terms.sensor_slice(m, "gyro_pelvis")
@@ -287,6 +306,24 @@ class G1WalkFlat(NumpyTask):
              "joint_deviation_knee": p.w_joint_deviation_knee},
             scale=self.dt, floor=p.reward_floor, after_floor=("termination",))
 
+    def _setup_robustness(self) -> None:
+        """obs_noise's per-field scale of the actor's observation, and action_delay_prob:
+        finite and >= 0 (a probability for the delay), else ValueError (C++'s
+        ReadRobustness)."""
+        p = self.p
+        for name in ("obs_noise", *NOISE_PARAMS.values()):
+            value = getattr(p, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"g1-walk-flat: {name}: expected a finite number >= 0, got "
+                                 f"{value!r}")
+        if not 0.0 <= p.action_delay_prob <= 1.0:
+            raise ValueError(f"g1-walk-flat: action_delay_prob: expected a probability in "
+                             f"[0, 1], got {p.action_delay_prob!r}")
+        self.noise_scale = np.concatenate([
+            np.full(t.size, p.obs_noise * getattr(p, NOISE_PARAMS[t.name])
+                    if t.name in NOISE_PARAMS else 0.0) for t in self.obs_terms])
+        self.robust = p.obs_noise > 0 or p.action_delay_prob > 0
+
     @property
     def spec(self) -> TaskSpec:
         self.model()
@@ -294,7 +331,8 @@ class G1WalkFlat(NumpyTask):
                         action_size=JOINTS,
                         frame_skip=self.frame_skip,
                         max_episode_steps=self.max_episode_steps,
-                        memory_size=MEMORY, resample_steps=int(self.p.resample_steps),
+                        memory_size=MEMORY if self.robust else PLAIN_MEMORY,
+                        resample_steps=int(self.p.resample_steps),
                         max_speed=self.p.max_speed,
                         action_low=-np.ones(JOINTS), action_high=np.ones(JOINTS),
                         info_names=self.reward_sum.info_names + SERIES)
@@ -409,11 +447,14 @@ class G1WalkFlat(NumpyTask):
                  "gait_clock": terms.gait_clock(phase), "local_linvel": linvel}
         # in the order of obs_terms: the one statement of the layout (the export's JSON too)
         obs = np.concatenate([parts[t.name] for t in self.obs_terms], axis=1)
-        if not critic:
-            return obs, None
-        contact = terms.contact_found(s, self.s_contact).astype(np.float64)
-        crit = np.concatenate([obs, linvel, qpos[:, 2:3], contact,
-                               memory[:, AIR_TIME]], axis=1)
+        crit = None
+        if critic:
+            contact = terms.contact_found(s, self.s_contact).astype(np.float64)
+            crit = np.concatenate([obs, linvel, qpos[:, 2:3], contact,
+                                   memory[:, AIR_TIME]], axis=1)
+        if self.p.obs_noise > 0:  # the actor's alone, after the critic's clean copy
+            obs = terms.observation_noise(obs, memory[:, NOISE_KEY], memory[:, STEP],
+                                          self.noise_scale)
         return obs, crit
 
     # ------------------------------------------------------------------ NumpyTask on a pool
@@ -439,10 +480,20 @@ class G1WalkFlat(NumpyTask):
         if self.p.push_high > 0:
             memory[ids, PUSH] = terms.sample_push(rng, ids, self.push_period, self.p.push_low,
                                                   self.p.push_high)
+        start = ids[memory[ids, STEP] == 0]  # the episodes' starts: their training-only draws
+        if self.p.obs_noise > 0:
+            memory[start, NOISE_KEY] = rng.uniform(start, 0.0, 2.0**53, 1)[:, 0]  # whole numbers
+        if self.p.action_delay_prob > 0:
+            drawn = rng.uniform(start, 0.0, 1.0, 1)[:, 0]
+            memory[start, DELAYED] = drawn < self.p.action_delay_prob
 
     def act(self, pool: BatchEnvPool, ids: np.ndarray, actions: np.ndarray,
             memory: np.ndarray) -> None:
-        pool.ctrl[ids] = self.controls(actions)
+        applied = actions
+        if self.p.action_delay_prob > 0:  # a delayed episode: the previous step's action
+            mem = memory[ids]
+            applied = np.where(mem[:, DELAYED, None] != 0, mem[:, LAST_ACTION], actions)
+        pool.ctrl[ids] = self.controls(applied)
         if self.p.push_high > 0:
             push, qvel = memory[ids, PUSH], pool.qvel[ids]
             if terms.apply_due_push(qvel, push, self.robot).any():

@@ -22,6 +22,12 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def _for_env(seed: np.ndarray | np.uint64, env: np.ndarray) -> np.ndarray:
+    """The start state of Rng::ForEnv(seed, env), elementwise."""
+    with np.errstate(over="ignore"):
+        return _mix(seed + _ENV_STRIDE * (env.astype(np.uint64) + np.uint64(1)))
+
+
 class EnvRng:
     """num_envs independent streams; every draw takes the ids of the envs that draw."""
 
@@ -31,9 +37,16 @@ class EnvRng:
 
     def seed(self, ids: np.ndarray, seed: int) -> None:
         """Stream of env i under seed, as Rng::ForEnv(seed, i)."""
-        env = np.asarray(ids).astype(np.uint64)
-        with np.errstate(over="ignore"):
-            self.state[ids] = _mix(np.uint64(seed % 2**64) + _ENV_STRIDE * (env + np.uint64(1)))
+        self.state[ids] = _for_env(np.uint64(seed % 2**64), np.asarray(ids))
+
+    @classmethod
+    def for_envs(cls, seeds: np.ndarray, envs: np.ndarray) -> EnvRng:
+        """One stream per row, row i's that of Rng::ForEnv(seeds[i], envs[i]) (whole numbers
+        below 2**64): streams derived from a key and a counter (an episode's noise key and its
+        step), which need no state kept between draws."""
+        rng = cls.__new__(cls)
+        rng.state = _for_env(np.asarray(seeds).astype(np.uint64), np.asarray(envs))
+        return rng
 
     def uniform(self, ids: np.ndarray, low: np.ndarray | float, high: np.ndarray | float,
                 size: int) -> np.ndarray:

@@ -28,6 +28,7 @@ from lightning_unilab.envs.terms.observations import (
     gait_phase,
     joint_pos_rel,
     joint_vel,
+    observation_noise,
     projected_gravity,
     quat_rotate_inverse,
 )
@@ -68,7 +69,7 @@ __all__ = [
     "contact_found", "feet_air_time", "feet_contact_phase", "feet_phase", "feet_slip",
     "feet_swing_height", "flat_orientation", "gait_clock", "gait_phase", "in_stance",
     "joint_deviation", "joint_pos_rel", "joint_vel", "lin_vel_z", "nonfinite",
-    "pose_deviation", "projected_gravity", "quat_mul",
+    "observation_noise", "pose_deviation", "projected_gravity", "quat_mul",
     "quat_rotate_inverse", "reset_base_pose", "reset_base_velocity", "reset_joints",
     "sample_push", "sample_velocity_command", "sensor_columns", "sensor_slice",
     "swing_height_target", "swing_target_bezier", "tilted", "torques", "tracking_kernel",

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lightning_unilab.envs.tasks.rng import EnvRng
 from lightning_unilab.envs.terms.layout import Robot
 
 __all__ = ["base_ang_vel_local", "base_lin_vel_local", "body_lin_vel_world", "gait_clock",
-           "gait_phase", "joint_pos_rel", "joint_vel", "projected_gravity",
+           "gait_phase", "joint_pos_rel", "joint_vel", "observation_noise", "projected_gravity",
            "quat_rotate_inverse"]
 
 
@@ -85,3 +86,22 @@ def gait_phase(step: np.ndarray, dt: float, frequency: float,
 def gait_clock(phase: np.ndarray) -> np.ndarray:
     """(n, 2k): cos then sin of the k phases: a continuous clock input (no jump at 2 pi)."""
     return np.concatenate([np.cos(phase), np.sin(phase)], axis=1)
+
+
+def observation_noise(obs: np.ndarray, keys: np.ndarray, steps: np.ndarray,
+                      scale: np.ndarray) -> np.ndarray:
+    """(n, k): observations obs (n, k) plus U(-scale, scale) per column, scale (k,); columns
+    of scale 0 are returned unchanged, bit for bit.
+
+    Why: a policy trained on exact observations trusts them more than a robot's sensors
+    deserve (legged_gym's, MuJoCo Playground's and Isaac Lab's velocity tasks all add such
+    noise). Row i's draws are the stream ``Rng::ForEnv(keys[i], steps[i])``, one per column
+    in order, noised or not: a key drawn once per episode (kept in memory) and the step count
+    give each observation fresh noise without a draw at observe time, as the C++ tasks' const
+    Observe needs.
+    """
+    u = EnvRng.for_envs(keys, steps).uniform(np.arange(len(obs)), -1.0, 1.0, obs.shape[1])
+    out = obs.copy()
+    noised = np.flatnonzero(scale)
+    out[:, noised] += u[:, noised] * scale[noised]
+    return out
