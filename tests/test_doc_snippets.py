@@ -10,8 +10,10 @@ on GitHub."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ PAGES = (ROOT / "README.md", ROOT / "docs" / "getting-started.md",
          *sorted((ROOT / "docs" / "guides").glob("*.md")))
 SETUPS = ROOT / "tests" / "doc_snippets"
 MAX_NOT_RUN = 2
-TIMEOUT_S = 180
+TIMEOUT_S = 300
 
 FENCE = re.compile(r"^```python\s*$")
 ANY_PYTHON_FENCE = re.compile(r"^\s*[`~]{3,}\s*\{?\.?py(thon)?\b", re.I)
@@ -119,11 +121,24 @@ def test_markers_are_read_and_a_malformed_one_is_refused() -> None:
 
 
 def _run(script: Path, cwd: Path, what: str) -> None:
+    """Runs ``script`` in a process group of its own, ended with it: a rank Lightning launched
+    from a script that failed or timed out would otherwise wait out its collective's timeout."""
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
-    done = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
-    assert done.returncode == 0, (f"{what} exited {done.returncode}\n--- stdout\n"
-                                  f"{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{what} ran past {TIMEOUT_S} s\n--- stdout\n{out[-3000:]}\n--- stderr\n"
+                    f"{err[-3000:]}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # none left: the usual case
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, (f"{what} exited {proc.returncode}\n--- stdout\n{out[-3000:]}"
+                                  f"\n--- stderr\n{err[-3000:]}")
 
 
 @pytest.mark.parametrize("snippet", [
