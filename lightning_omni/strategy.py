@@ -43,8 +43,16 @@ from .runtime.layout import Layout
 from .runtime.meta_init import InitRecording, MetaInitError, RecordInit, capture_rng, materialize
 from .runtime.metrics import step_metrics
 from .runtime.parallel_dims import ParallelDims, check_microbatches
-from .runtime.parallelize import parallelize
-from .runtime.tp_stage import full, full_optimizer_state, reshard, reshard_optimizer_state
+from .runtime.parallelize import encoder_plan_ranks, parallelize
+from .runtime.tp_stage import (
+    StageTP,
+    full,
+    full_optimizer_state,
+    make_meshes,
+    reshard,
+    reshard_optimizer_state,
+    shard_cuts,
+)
 from .spec import OmniSpec, get_spec
 
 log = logging.getLogger(__name__)
@@ -161,6 +169,7 @@ class OmniStrategy(DDPStrategy):
         self._built_here = False  # this rank materialized its stage from a meta build
         self._elsewhere: dict[int, tuple[int, ...]] = {}  # shapes of what it never built
         self._meta_layout: Layout | None = None  # fixed before a meta build was materialized
+        self._tp_meshes: StageTP | None = None  # made by a meta build under TP (its shards)
         # (sources, ids not hosted) of pretrained weights read once TP has sharded the stage
         self._pretrained: tuple[list, set[int]] | None = None
         self.pretrained_loads: list = []  # what this rank read of pretrained weights (reports)
@@ -307,7 +316,14 @@ class OmniStrategy(DDPStrategy):
         # pretrained weights (hf_pretrained.from_pretrained): allocated, then read from their
         # files for what this rank hosts, never initialized first
         filled = [t for source in recording.sources for t in source.tensors()]
-        materialize(module, recording, elsewhere, self.root_device, filled=filled)
+        shards = {}
+        if self.dims.tp > 1:  # each TP-sharded parameter cut to this process's shard at once
+            self._tp_meshes = make_meshes(layout, self.dims.encoder_tp, self.root_device,
+                                          self.omni_timeout)
+            shards = shard_cuts(spec, layout, layout.rank in encoder_plan_ranks(
+                self.dims, layout), self._tp_meshes)
+        materialize(module, recording, elsewhere, self.root_device, filled=filled,
+                    shards=shards)
         # read after parallelize: under TP each rank reads only its shards (TP 1: the whole)
         self._pretrained = (list(recording.sources), {id(p) for p in elsewhere})
         recording.sources.clear()
@@ -390,7 +406,7 @@ class OmniStrategy(DDPStrategy):
         if not self._built_here:  # each rank built the whole module: take rank 0's values
             sync_parameters(self.spec, self.omni_timeout, self.global_rank)  # before sharding
         engine = parallelize(self.spec, self.dims, layout, self.root_device, self.omni_timeout,
-                             self._elsewhere)
+                             self._elsewhere, self._tp_meshes)
         module.__dict__["_omni_engine"] = engine  # the module's split, under its dims
         if layout.global_rank == 0:  # the same on every rank: said once per run
             per = "stage" if layout.vpp == 1 else \

@@ -12,6 +12,11 @@ random draws of its initializers still run on a scratch tensor of its shape (one
 so every later draw lands where the plain run's did. The values are therefore exactly the plain
 module's, with peak memory of the hosted part plus one scratch parameter.
 
+Under tensor parallelism (``materialize(shards=...)``, ``tp_stage.shard_cuts``) each parameter
+the plan shards is cut to this process's shard as soon as the replay no longer uses its whole
+value, and every intermediate is freed after its last use: a rank holds its shards plus about
+one whole parameter at a time.
+
 A value the replay cannot reproduce (a tensor made outside the recording, a parameter only
 ever allocated because its initializer skipped meta tensors unseen) raises ``MetaInitError``
 naming it.
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -238,49 +243,116 @@ class RecordInit(TorchFunctionMode):
 
 
 def materialize(module: nn.Module, recording: InitRecording, elsewhere: Iterable[Tensor],
-                device: torch.device, filled: Iterable[Tensor] = ()) -> None:
+                device: torch.device, filled: Iterable[Tensor] = (),
+                shards: Mapping[int, Callable[[Tensor], Tensor]] | None = None) -> None:
     """Replace ``module``'s meta parameters and buffers by real ones with the values the plain
     build gives, except the parameters in ``elsewhere`` (hosted on other ranks only), which
     become empty tensors (see the module doc), and the parameters in ``filled`` (a
     ``WeightSource`` writes them next), which are allocated, uninitialized, without replaying
-    what made them. The RNG ends where the plain build leaves it."""
+    what made them. The RNG ends where the plain build leaves it.
+
+    ``shards`` (by the parameter's ``id``): what this rank keeps of a whole parameter (its
+    tensor-parallel shard, a DTensor). It is cut as soon as the recording no longer uses the
+    whole value, and every intermediate is freed after its last use, so whole parameters are
+    held about one at a time; the module then holds the shard (a new Parameter, in every
+    place that held the old one)."""
     skipped = {_key(p) for p in elsewhere if p.is_meta}
     unset = {_key(p) for p in filled if p.is_meta} - skipped
     _check_written(module, recording, skipped | unset)
     kept = {_key(t) for t in (*module.parameters(), *module.buffers())
             if t.is_meta and _key(t) not in skipped | unset}
+    cuts = _cuts(module, shards or {}, skipped)
     needed = _needed(recording, kept)
     if recording.cpu_rng is not None:
         torch.set_rng_state(recording.cpu_rng)
     if recording.cuda_rng is not None and device.type == "cuda":
         torch.cuda.set_rng_state(recording.cuda_rng, device)
     real: dict[int, Tensor] = {}  # meta storage -> real tensor over its whole storage
-    for call in recording.calls:
+    cut: dict[int, Tensor] = {}  # meta storage -> what the module keeps of it (a shard)
+    ends = _last_uses(recording)
+    for i, call in enumerate(recording.calls):
         _replay(call, real, needed, device)
+        for key in ends.get(i, ()):  # no later call reads these: shard or free them
+            if key in cuts and key in real:
+                p, to_shard = cuts[key]
+                cut[key] = to_shard(real.pop(key).as_strided(p.size(), p.stride(),
+                                                             p.storage_offset()))
+            elif key not in kept:
+                real.pop(key, None)
     recording.calls.clear()
     recording.alive.clear()
     gc.collect()
     params = dict(module.named_parameters())
     names = [n for n, t in (*params.items(), *module.named_buffers()) if t.is_meta]
+    holders = _holders(module, {id(p) for p, _ in cuts.values()})
     for name in names:
         t = params.pop(name) if name in params else module.get_buffer(name)
-        if _key(t) in skipped:
+        key = _key(t)
+        if key in skipped:
             value = torch.empty(0, dtype=t.dtype, device=device)
-        elif _key(t) in unset:  # written by its WeightSource
+        elif key in unset:  # written by its WeightSource
             numel = t.untyped_storage().nbytes() // max(1, t.element_size())
             value = torch.empty(numel, dtype=t.dtype, device=device).as_strided(
                 t.size(), t.stride(), t.storage_offset())
-        elif _key(t) in real:
-            value = real[_key(t)].as_strided(t.size(), t.stride(), t.storage_offset())
+            if key in cuts:
+                value = cuts[key][1](value)
+        elif key in cut:
+            value = cut.pop(key)
+        elif key in real:
+            value = real[key].as_strided(t.size(), t.stride(), t.storage_offset())
         else:
             raise MetaInitError(f"{name}: its values were not made by torch calls inside "
                                 "configure_model, so they cannot be rebuilt on this rank; "
                                 "create it there (or in __init__ with meta_init=False)")
         if isinstance(t, nn.Parameter):
             value = nn.Parameter(value, requires_grad=t.requires_grad)
-        # the same Python object (an optimizer, a tie, a hook keeps it), now real
-        torch.utils.swap_tensors(t, value)
+        if key in cuts:  # another tensor class: a new Parameter wherever the old one sat
+            for mod, attr in holders[id(t)]:
+                mod._parameters[attr] = value
+        else:  # the same Python object (an optimizer, a tie, a hook keeps it), now real
+            torch.utils.swap_tensors(t, value)
         del t, value
+
+
+def _cuts(module: nn.Module, shards: Mapping[int, Callable[[Tensor], Tensor]],
+          skipped: set[int]) -> dict[int, tuple[Tensor, Callable[[Tensor], Tensor]]]:
+    """Meta storage -> (the parameter, its cut) for the hosted ``shards`` parameters that are
+    the only module tensor over their whole storage (a view into a shared storage is
+    materialized whole and left to the caller)."""
+    owners: dict[int, set[int]] = {}
+    for t in (*module.parameters(), *module.buffers()):
+        if t.is_meta:
+            owners.setdefault(_key(t), set()).add(id(t))
+    out = {}
+    for p in module.parameters():
+        key = _key(p) if p.is_meta else None
+        if id(p) in shards and key not in skipped and len(owners.get(key, ())) == 1 and \
+                p.storage_offset() == 0 and \
+                p.numel() * p.element_size() == p.untyped_storage().nbytes():
+            out[key] = (p, shards[id(p)])
+    return out
+
+
+def _last_uses(recording: InitRecording) -> dict[int, list[int]]:
+    """Call index -> the storages no later call reads or writes."""
+    last: dict[int, int] = {}
+    for i, call in enumerate(recording.calls):
+        for key in {r.key for r in (*call.reads(), *_refs(call.out))}:
+            last[key] = i
+    ends: dict[int, list[int]] = {}
+    for key, i in last.items():
+        ends.setdefault(i, []).append(key)
+    return ends
+
+
+def _holders(module: nn.Module, ids: set[int]) -> dict[int, list[tuple[nn.Module, str]]]:
+    """(module, attribute) of every place each parameter in ``ids`` is registered."""
+    out: dict[int, list[tuple[nn.Module, str]]] = {}
+    for mod in module.modules():
+        for attr, p in mod._parameters.items():
+            if p is not None and id(p) in ids:
+                out.setdefault(id(p), []).append((mod, attr))
+    return out
 
 
 def _needed(recording: InitRecording, kept: set[int]) -> set[int]:

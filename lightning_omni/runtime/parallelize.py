@@ -62,17 +62,19 @@ class Parallelized:
 
 def parallelize(spec: OmniSpec, dims: ParallelDims, layout: Layout, device: torch.device,
                 timeout: timedelta,
-                elsewhere: Mapping[int, tuple[int, ...]] | None = None) -> OmniEngine:
+                elsewhere: Mapping[int, tuple[int, ...]] | None = None,
+                tp: StageTP | None = None) -> OmniEngine:
     """This process's engine for ``spec`` under ``dims`` (``dims.for_world`` done), at
     ``layout`` (``dims.layout``; a meta build fixes it while the shapes are whole).
-    Collective. Every process must hold rank 0's values by now (``sync_parameters``)."""
+    Collective. Every process must hold rank 0's values by now (``sync_parameters``).
+    ``tp``: the TP meshes when a meta build made them already (to cut its shards)."""
     options = group_options(spec, dims)
-    encoder_ranks = tuple(sorted(d * layout.pp + s for d in range(layout.dp)
-                                 for s in encoder_stages(dims.schedule, layout.pp)))
-    tp = None
+    encoder_ranks = encoder_plan_ranks(dims, layout)
     if dims.tp > 1:  # no mesh at TP 1: a process is its own TP group
-        tp = make_meshes(layout, dims.encoder_tp, device, timeout)
+        tp = tp or make_meshes(layout, dims.encoder_tp, device, timeout)
         apply_tensor_parallel(spec, layout, layout.rank in encoder_ranks, tp)
+    else:
+        tp = None
     hosting = param_hosting(spec, layout, dims.schedule)
     groups = _process_groups(layout, encoder_ranks, hosting, timeout)
     encoder_groups = (_encoder_groups(layout, options, groups, timeout)
@@ -80,6 +82,12 @@ def parallelize(spec: OmniSpec, dims: ParallelDims, layout: Layout, device: torc
     built = Parallelized(dims, layout, hosting, encoder_ranks, groups, options, encoder_groups,
                          tp, dict(elsewhere or {}))
     return OmniEngine(spec, built, device, timeout)
+
+
+def encoder_plan_ranks(dims: ParallelDims, layout: Layout) -> tuple[int, ...]:
+    """The plan ranks that run the encoders (their stages on every replica)."""
+    return tuple(sorted(d * layout.pp + s for d in range(layout.dp)
+                        for s in encoder_stages(dims.schedule, layout.pp)))
 
 
 def group_options(spec: OmniSpec, dims: ParallelDims) -> GroupOptions | None:
@@ -140,4 +148,4 @@ def _encoder_groups(layout: Layout, options: GroupOptions,
     return cache
 
 
-__all__ = ["Parallelized", "group_options", "parallelize"]
+__all__ = ["Parallelized", "encoder_plan_ranks", "group_options", "parallelize"]

@@ -22,7 +22,7 @@ gradient sum over lanes are the runtime's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -97,16 +97,32 @@ def parallelize_parts(spec: OmniSpec, parts: Sequence[str], mesh: DeviceMesh,
         _expect(mesh.size() % encoder_mesh.size() == 0 and set(enc) <= set(ranks),
                 "encoder_mesh", f"a sub-mesh of mesh (ranks {ranks}) whose size divides "
                 f"{mesh.size()}", f"ranks {enc}")
-    plan = spec.tp_plan or {}
     before = _owners(spec)
-    for label, key, module, m in _targets(spec, parts, mesh, encoder_mesh):
-        entries = plan.get(key)
-        if not entries or m is None or m.size() == 1:
-            continue
+    for label, key, module, m, entries in _planned(spec, parts, mesh, encoder_mesh):
         _check_divisible(label, module, entries, m.size())
         parallelize_module(module, m, dict(entries), src_data_rank=src_data_rank)
         module.register_forward_hook(_OutputCheck(label, key == "head"))
     _retie(before)
+
+
+def planned_placements(spec: OmniSpec, parts: Sequence[str], mesh: DeviceMesh,
+                        encoder_mesh: DeviceMesh | None = None
+                        ) -> dict[int, tuple[Tensor, DeviceMesh, tuple[Any, ...]]]:
+    """Where ``parallelize_parts`` with the same arguments will place each parameter it
+    shards, without touching the module: ``id`` -> (parameter, mesh, placements). Only
+    torch's own ``ColwiseParallel`` and ``RowwiseParallel`` (a subclass may place its
+    parameters otherwise: they are left out)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    out: dict[int, tuple[Tensor, DeviceMesh, tuple[Any, ...]]] = {}
+    for label, _, module, m, entries in _planned(spec, parts, mesh, encoder_mesh):
+        for path, style in entries.items():
+            if type(style) not in (ColwiseParallel, RowwiseParallel):
+                continue
+            for fqn, mod in resolve(module, path):
+                for _, p, placement in _style_placements(f"{label}.{fqn}", style, mod):
+                    out[id(p)] = (p, m, (placement,))
+    return out
 
 
 def encoder_submesh(mesh: DeviceMesh, encoder_tp: int) -> DeviceMesh:
@@ -159,6 +175,16 @@ def _targets(spec: OmniSpec, parts: Sequence[str], mesh: DeviceMesh,
                                 f"'blocks[i:j]' or 'encoders', got {part!r}")
     seen: set[int] = set()
     return [t for t in out if not (id(t[2]) in seen or seen.add(id(t[2])))]
+
+
+def _planned(spec: OmniSpec, parts: Sequence[str], mesh: DeviceMesh,
+             encoder_mesh: DeviceMesh | None) -> Iterator[tuple[str, str, nn.Module, Any, Any]]:
+    """(label, plan key, module, mesh, plan entries) of each named part its plan shards."""
+    plan = spec.tp_plan or {}
+    for label, key, module, m in _targets(spec, parts, mesh, encoder_mesh):
+        entries = plan.get(key)
+        if entries and m is not None and m.size() > 1:
+            yield label, key, module, m, entries
 
 
 def _block_indices(part: str, n: int) -> range:
@@ -331,4 +357,5 @@ def like(local_tensor: Tensor, ref: Tensor) -> Tensor:
 
 
 __all__ = ["encoder_submesh", "full_logits", "gpt_tp_plan", "like", "local", "loss_context",
-           "parallel_loss", "parallelize_parts", "token_encoder_tp_plan", "vocab_sharded"]
+           "parallel_loss", "parallelize_parts", "planned_placements", "token_encoder_tp_plan",
+           "vocab_sharded"]

@@ -15,9 +15,10 @@ per TP rank).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import torch
@@ -100,6 +101,21 @@ def apply_tensor_parallel(spec: OmniSpec, layout: Layout, owns_encoders: bool,
         if stray:
             raise ValueError(f"tp_plan: {stray} of {type(part).__name__} were sharded on rank "
                              f"{layout.global_rank}, which does not host that part")
+
+
+def shard_cuts(spec: OmniSpec, layout: Layout, owns_encoders: bool, tp: StageTP
+               ) -> dict[int, Callable[[Tensor], Tensor]]:
+    """For a meta build (``meta_init.materialize(shards=...)``): each parameter the plan
+    shards on this rank (by ``id``) -> the cut of its whole value to this process's DTensor
+    shard, placed as ``apply_tensor_parallel`` places it (which then keeps it as it is). Each
+    process cuts its own shard, with no message: every rank replays rank 0's build."""
+    from .tensor_parallel import planned_placements
+
+    placed = planned_placements(spec, hosted_parts(layout, owns_encoders), tp.mesh,
+                                tp.encoder_mesh)
+    return {key: partial(distribute_tensor, device_mesh=mesh, placements=placements,
+                         src_data_rank=None)
+            for key, (_, mesh, placements) in placed.items()}
 
 
 def sharded_grad(param: Tensor) -> Tensor | None:
