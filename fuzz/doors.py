@@ -953,8 +953,9 @@ def _rail_xml(data: Any) -> str:
 
 class RailTask:
     """A user's task (built on first use: ``NumpyTask`` is imported lazily here): the point
-    mass of ``xml`` held at 0, its observation ``qpos, qvel`` cut or padded to the spec's
-    size, each action to the actuator of its index. It trusts its spec, as a user's does."""
+    mass of ``xml`` held at 0, its observation ``qpos, qvel`` cut or padded with zeros to the
+    spec's size, each action to the actuator of its index (actuators beyond the actions get 0,
+    actions beyond the actuators are dropped). It trusts its spec, as a user's does."""
 
     def __new__(cls, xml: str, spec: Any) -> Any:
         from lightning_unilab.envs.tasks import NumpyTask, Transition
@@ -975,7 +976,10 @@ class RailTask:
                 pool.qpos[ids] = rng.uniform(ids, -0.1, 0.1, pool.qpos.shape[1])
 
             def act(self, pool, ids, actions, memory) -> None:
-                pool.ctrl[ids] = actions
+                ctrl = np.zeros((len(ids), pool.ctrl.shape[1]))
+                k = min(ctrl.shape[1], actions.shape[1])
+                ctrl[:, :k] = actions[:, :k]
+                pool.ctrl[ids] = ctrl
 
             def evaluate(self, pool, ids, actions, memory):
                 x = pool.qpos[ids, 0]
@@ -983,7 +987,10 @@ class RailTask:
 
             def observe(self, pool, ids, memory, obs, critic) -> None:
                 state = np.concatenate([pool.qpos[ids], pool.qvel[ids]], axis=1)
-                obs[ids] = state[:, : obs.shape[1]]
+                padded = np.zeros((len(ids), obs.shape[1]))
+                k = min(obs.shape[1], state.shape[1])
+                padded[:, :k] = state[:, :k]
+                obs[ids] = padded
 
         return Rail()
 

@@ -23,6 +23,7 @@ from lightning_omnilab.validate import (
     ArgumentTypeError,
     boolean,
     fail,
+    is_int,
     number,
     one_of,
     positive_int,
@@ -91,8 +92,8 @@ class ParallelDims:
             "pp": pp, "dp": dp, "tp": tp, "vpp": vpp, "num_microbatches": micro,
             "encoder_tp": tp if encoder_tp is None else encoder_tp,
             "lssp_max_rows": max_rows, "encoder_cost": cost,
-            "stage_blocks": _ints(self.stage_blocks),
-            "locality_groups": _ints(self.locality_groups)}
+            "stage_blocks": _ints("stage_blocks", self.stage_blocks),
+            "locality_groups": _ints("locality_groups", self.locality_groups)}
         for name, value in fixed.items():  # normalized: equal layouts hash alike
             object.__setattr__(self, name, value)
 
@@ -204,8 +205,17 @@ def _encoder_cost(value: Any) -> tuple[float, float]:
     return cost
 
 
-def _ints(values: Sequence[int] | None) -> tuple[int, ...] | None:
-    return None if values is None else tuple(int(v) for v in values)
+def _ints(name: str, values: Sequence[int] | None) -> tuple[int, ...] | None:
+    """A list of ints (a config file's list too) as a tuple, or None."""
+    if values is None:
+        return None
+    try:
+        items = list(values) if not isinstance(values, str | bytes | dict) else None
+    except TypeError:
+        items = None
+    if items is None or not all(is_int(v) for v in items):
+        fail(name, "a list of ints or None", values, ArgumentTypeError)
+    return tuple(int(v) for v in items)
 
 
 __all__ = ["KEYWORDS", "ParallelDims", "check_encoder_tp", "check_microbatches"]

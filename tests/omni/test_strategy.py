@@ -50,6 +50,8 @@ def test_registered_as_omni():
                           r"not both 0, got 3$"),
     ({"encoder_cost": (1.0, float("nan"))}, r"^encoder_cost: expected a pair .*, got \(1.0, nan\)"),
     ({"encoder_cost": [0, 0]}, r"^encoder_cost: expected a pair .*, got \[0, 0\]$"),
+    ({"stage_blocks": True}, r"^stage_blocks: expected a list of ints or None, got True$"),
+    ({"locality_groups": [0, 1.5]}, r"^locality_groups: expected a list of ints or None"),
     ({"timeout": 1e308}, r"^timeout: expected a datetime.timedelta > 0, got 1e\+308$"),
     ({"timeout": timedelta(0)}, r"^timeout: expected a datetime.timedelta > 0"),
 ])
