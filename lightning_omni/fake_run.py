@@ -61,6 +61,7 @@ from .runtime.executor import StepMode
 from .runtime.hosting import param_hosting
 from .runtime.parallel_dims import ParallelDims
 from .runtime.parallelize import parallelize
+from .runtime.zero import local_bytes, state_bytes
 from .spec import get_spec
 
 __all__ = ["RankMeasurement", "measure_rank"]
@@ -131,12 +132,12 @@ def measure_rank(model_factory: Callable[[], torch.nn.Module], dims: ParallelDim
             with flops if count_flops else ExitStack(), flops.paused_in_shape_check():
                 result = engine.step(dict(batch), StepMode.TRAIN)  # forward and backward
             owned = engine.executor.owned_params()
-            grad_bytes = sum(_local_bytes(p.grad) for p in owned if p.grad is not None)
+            grad_bytes = sum(local_bytes(p.grad) for p in owned if p.grad is not None)
             optimizer.step()
         return RankMeasurement(
             rank=rank, world_size=world, role=(layout.stage, layout.tp_rank, layout.replica),
-            param_bytes=sum(_local_bytes(p) for p in module.parameters()),
-            grad_bytes=grad_bytes, optimizer_bytes=optimizer_state_bytes(optimizer),
+            param_bytes=sum(local_bytes(p) for p in module.parameters()),
+            grad_bytes=grad_bytes, optimizer_bytes=state_bytes(optimizer),
             activation_peak_bytes=result.record.peak_saved_bytes,
             measured_peak_bytes=live.peak, flops=int(flops.get_total_flops()))
     finally:
@@ -159,18 +160,6 @@ def _materialize_fake(module: torch.nn.Module, elsewhere: Mapping[int, tuple[int
         torch.utils.swap_tensors(t, value)
         if is_param:
             t._is_param = True  # still an nn.Parameter to the module (see Parameter.__new__)
-
-
-def optimizer_state_bytes(optimizer: Optimizer) -> int:
-    """Bytes of optimizer state this rank holds: its ZeRO-1 shard, DTensors' local shards."""
-    inner = getattr(optimizer, "optim", optimizer)
-    return sum(_local_bytes(v) for s in inner.state.values() for v in s.values()
-               if isinstance(v, Tensor))
-
-
-def _local_bytes(t: Tensor) -> int:
-    local = t.to_local() if hasattr(t, "to_local") else t
-    return local.numel() * local.element_size()
 
 
 def _optimizer(configured: Any) -> Optimizer:

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from lightning_omnilab.lost_peer import is_lost_peer
+
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
@@ -335,6 +337,8 @@ def _call(name: str, part: Callable, *args: Tensor) -> object:
     try:
         return part(*args)
     except Exception as err:
+        if is_lost_peer(err):  # a collective inside the part (under TP): not a shape error
+            raise
         shapes = [_shape(a) for a in args if isinstance(a, Tensor)]
         raise OmniSpecError(f"{name}: failed on inputs of shapes {shapes} from the previous "
                             f"part ({type(err).__name__}: {err})") from err

@@ -27,6 +27,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from lightning_omnilab import quiet
 from lightning_omnilab.checkpoint_io import use_atomic_checkpoint_io
@@ -38,6 +39,7 @@ from .checks import check_module, check_precision, check_trainer
 from .runtime import checkpoint as ckpt
 from .runtime.engine import OmniEngine, StepResult, sync_parameters
 from .runtime.executor import StepMode
+from .runtime.failures import communicating, naming_lost_peers
 from .runtime.hosting import param_hosting
 from .runtime.layout import Layout
 from .runtime.meta_init import InitRecording, MetaInitError, RecordInit, capture_rng, materialize
@@ -178,6 +180,7 @@ class OmniStrategy(DDPStrategy):
         self.spec: OmniSpec | None = None
         self.last_step: StepResult | None = None
         self._release = ReleaseAtExit()  # the process group, once a run has ended cleanly
+        self._failed = False  # the run raised (Lightning called ``on_exception``)
 
     # the keyword names, read-only, as ``self.dims`` holds them (docs/architecture.md)
     pipeline_parallel = property(lambda self: self.dims.pp)
@@ -214,15 +217,38 @@ class OmniStrategy(DDPStrategy):
 
     def on_exception(self, exception: BaseException) -> None:
         self._release.failed()
+        self._failed = True
         super().on_exception(exception)
+
+    # -- Lightning's own collectives (checkpoint paths, logged metrics, barriers): named ---
+    def barrier(self, name: str | None = None) -> None:
+        with communicating(f"rank {self.global_rank}: Lightning's barrier {name or ''} over all "
+                           "ranks", self.omni_timeout):
+            super().barrier(name)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        with communicating(f"rank {self.global_rank}: Lightning's broadcast from rank {src}",
+                           self.omni_timeout):
+            return super().broadcast(obj, src)
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        with communicating(f"rank {self.global_rank}: Lightning's reduce ({reduce_op}) over all "
+                           "ranks", self.omni_timeout):
+            return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    def all_gather(self, tensor: Tensor, group: Any = None, sync_grads: bool = False) -> Tensor:
+        with communicating(f"rank {self.global_rank}: Lightning's all_gather over all ranks",
+                           self.omni_timeout):
+            return super().all_gather(tensor, group=group, sync_grads=sync_grads)
 
     def teardown(self) -> None:
         """Lightning's teardown, except the move of a module still on the meta device (its
-        build or spec raised before setup materialized it): there is nothing to move, and the
-        move (meta tensors have no data) would raise over the user's own error."""
+        build or spec raised before setup materialized it: there is nothing to move) and of
+        a failed run's DTensor parameters (a step cut short leaves references that make the
+        move's swap raise): either move would raise over the run's own error."""
         module = self.lightning_module
-        if module is None or not any(t.is_meta for t in (*module.parameters(),
-                                                            *module.buffers())):
+        tensors = () if module is None else (*module.parameters(), *module.buffers())
+        if not any(t.is_meta or (self._failed and isinstance(t, DTensor)) for t in tensors):
             super().teardown()
             return
         # Lightning's teardown moves `lightning_module` (this attribute) unless it is None
@@ -378,13 +404,15 @@ class OmniStrategy(DDPStrategy):
         """A ZeRO-1 optimizer's state gathered on replica 0 of each stage (the rank that
         writes the stage's shard); every rank of the stage's group takes part."""
         inner = getattr(optimizer, "_optimizer", optimizer)
-        if hasattr(inner, "consolidate_state_dict") and self.engine is not None:
-            inner.consolidate_state_dict(to=0)
-            if self.engine.layout.replica != 0:
-                return {}
-            # whole tensors: under TP every TP rank of replica 0's stage gathers (TP 1: as is)
-            return full_optimizer_state(inner.state_dict(), inner)
-        return full(super().optimizer_state(optimizer))  # under TP every TP rank gathers
+        with naming_lost_peers(f"rank {self.global_rank}: gathering the optimizer state for a "
+                               "checkpoint"):
+            if hasattr(inner, "consolidate_state_dict") and self.engine is not None:
+                inner.consolidate_state_dict(to=0)
+                if self.engine.layout.replica != 0:
+                    return {}
+                # whole tensors: under TP every TP rank of replica 0's stage gathers (TP 1: as is)
+                return full_optimizer_state(inner.state_dict(), inner)
+            return full(super().optimizer_state(optimizer))  # under TP every TP rank gathers
 
     def _engine_for(self, module) -> OmniEngine:
         """This strategy's engine; a module already split by another OmniStrategy of the same
@@ -509,7 +537,9 @@ class OmniStrategy(DDPStrategy):
         mine = {k: v for k, v in state.items() if k not in params or id(params[k]) in hosted}
         # tensor parallel: full tensors, gathered by every TP rank of the stage in one order,
         # so a checkpoint is the plain module's whatever the TP degree (consolidate, resume)
-        return full(mine)
+        with naming_lost_peers(f"rank {self.global_rank}: gathering the stage's tensors for a "
+                               "checkpoint"):
+            return full(mine)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
         if self.engine is None:

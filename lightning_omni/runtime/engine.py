@@ -36,7 +36,7 @@ from ..plan.schedule import (
 )
 from ..spec import OmniSpec, OmniSpecError, Probe
 from .executor import StageExecutor, StepMode, StepRecord, split_microbatches
-from .failures import OmniRuntimeError, communicating
+from .failures import OmniRuntimeError, communicating, naming_lost_peers
 from .hosting import all_buffers, all_parameters
 from .tensor_parallel import local, loss_context
 from .tp_stage import counted_in_norm
@@ -263,12 +263,15 @@ class OmniEngine:
         (default: the engine's step count)."""
         where = where or f"step {self.steps}"
         self.steps += 1
+        here = f"rank {self.layout.global_rank}, {where} ({mode.value})"
         try:
-            self._check_batch(batch, where)
-            return self._step(batch, mode, forward_context)
+            with naming_lost_peers(here):  # the collectives of the stage's own layers (TP)
+                self._check_batch(batch, where)
+                return self._step(batch, mode, forward_context)
         except OmniRuntimeError as err:
-            raise OmniRuntimeError(f"rank {self.layout.global_rank}, {where} ({mode.value}): {err}"
-                                   ) from err
+            if str(err).startswith(here):
+                raise
+            raise OmniRuntimeError(f"{here}: {err}") from err
 
     def _check_batch(self, batch: dict[str, Tensor], where: str) -> None:
         """``OmniSpec.check_batch`` before any other collective of the step. The ranks of a

@@ -12,6 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
+from lightning_omnilab.lost_peer import is_lost_peer
+
+__all__ = ["OmniRuntimeError", "communicating", "is_lost_peer", "naming_lost_peers", "timed_out"]
+
 
 class OmniRuntimeError(RuntimeError):
     """A step that cannot finish: a lost or stopped peer, a timed-out message or collective."""
@@ -30,6 +34,22 @@ def communicating(what: str, timeout: timedelta | float | None) -> Iterator[None
         raise OmniRuntimeError(
             f"{what}: failed after {time.monotonic() - t0:.1f} s{_limit(timeout)}; a peer rank "
             f"has probably died or stopped ({type(err).__name__}: {err})") from err
+
+
+@contextmanager
+def naming_lost_peers(what: str) -> Iterator[None]:
+    """Run work whose collectives ``communicating`` cannot wrap one by one (DTensor
+    operators inside the stage's layers, the gathers of a checkpoint's tensors): a lost peer
+    becomes an ``OmniRuntimeError`` naming ``what``; any other error passes as it came."""
+    try:
+        yield
+    except OmniRuntimeError:
+        raise
+    except RuntimeError as err:
+        if not is_lost_peer(err):
+            raise
+        raise OmniRuntimeError(f"{what}: a collective failed; a peer rank has probably died or "
+                               f"stopped ({type(err).__name__}: {err})") from err
 
 
 def timed_out(what: str, waited: float, timeout: timedelta | float | None) -> OmniRuntimeError:

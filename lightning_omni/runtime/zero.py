@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 with warnings.catch_warnings():  # torch.distributed.optim scripts its functional optimizers
@@ -100,7 +101,14 @@ def _constructor_defaults(optimizer: Optimizer) -> dict:
 
 
 def state_bytes(optimizer: Optimizer) -> int:
-    """Bytes of optimizer state this rank holds (the local shard under ZeRO-1)."""
+    """Bytes of optimizer state this rank holds: its shard under ZeRO-1, and of a DTensor
+    state (tensor parallelism) its local shard, not the whole tensor it stands for."""
     local = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
-    return sum(v.numel() * v.element_size() for s in local.state.values() for v in s.values()
+    return sum(local_bytes(v) for s in local.state.values() for v in s.values()
                if isinstance(v, Tensor))
+
+
+def local_bytes(t: Tensor) -> int:
+    """Bytes a tensor takes on this rank (a DTensor: its local shard)."""
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return local.numel() * local.element_size()

@@ -5,6 +5,7 @@ waited for; errors of our own compute pass through unchanged; subgroups get thei
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tempfile
 import time
@@ -245,3 +246,112 @@ def test_stopped_and_dead_peers_fail_named_within_the_timeout():
     assert "LSSP inputs (dead peer): all_to_all_single over ranks (0, 1)" in msg
     assert "(timeout 60 s)" in msg
     assert seconds < 10  # the peer's death, well before the group's timeout
+
+
+# what gloo and NCCL raise when the peer of a collective is gone, and errors that are not that
+TRANSPORT = [
+    "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+    "[127.0.0.1]:41829",
+    "[../third_party/gloo/gloo/transport/tcp/pair.cc:598] Read error [127.0.0.1]:2: "
+    "Connection reset by peer",
+    "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 20000ms "
+    "for recv operation to complete",
+    "NCCL communicator was aborted on rank 3.",
+]
+COMPUTE = [
+    "mat1 and mat2 shapes cannot be multiplied (4x16 and 8x16)",
+    "Expected all tensors to be on the same device, but found at least two devices",
+    "element 0 of tensors does not require grad and does not have a grad_fn",
+]
+
+
+@pytest.mark.parametrize("message", TRANSPORT)
+def test_transport_failures_are_lost_peers(message):
+    from lightning_omni.runtime.failures import is_lost_peer
+
+    assert is_lost_peer(RuntimeError(message))
+    assert is_lost_peer(dist.DistBackendError("any text"))
+
+
+@pytest.mark.parametrize("message", COMPUTE)
+def test_compute_errors_are_not_lost_peers(message):
+    from lightning_omni.runtime.failures import is_lost_peer
+
+    assert not is_lost_peer(RuntimeError(message))
+    assert not is_lost_peer(ValueError(TRANSPORT[0]))  # not raised by a collective
+
+
+def _one_rank_engine():
+    from omni_models import make_model
+
+    from lightning_omni.runtime import ParallelDims, parallelize
+
+    model = make_model(0)
+    spec = model.configure_omni()
+    dims = ParallelDims(pp=1, dp=1, num_microbatches=2).for_world(1, 1)
+    engine = parallelize(spec, dims, dims.layout(0, spec.costs_of_blocks()),
+                         torch.device("cpu"), timedelta(seconds=30))
+    return model, engine
+
+
+@pytest.mark.parametrize("message", [TRANSPORT[0], COMPUTE[0]])
+def test_a_step_names_a_lost_peer_in_its_layers_and_passes_compute_errors(world1, message):
+    """A collective inside a stage's layers (a DTensor row-parallel all-reduce, say) is not
+    wrapped by ``communicating``: the step names the rank and step when it failed for a lost
+    peer, and leaves an error of the computation as it was raised."""
+    from omni_models import ToyData, global_batches
+
+    model, engine = _one_rank_engine()
+
+    def fail(*_):
+        raise RuntimeError(message)
+
+    batch = global_batches(ToyData(8, seed=0), 4)[0]
+    engine.step(batch)  # the first step also probes the parts' shapes
+    model.blocks[0].register_forward_pre_hook(fail)
+    with pytest.raises(RuntimeError) as err:
+        engine.step(batch)
+    if message in TRANSPORT:
+        assert type(err.value) is OmniRuntimeError
+        assert str(err.value).startswith("rank 0, step 1 (train): a collective failed; a peer "
+                                         "rank has probably died or stopped (RuntimeError: ")
+        assert err.value.__cause__ is not None and str(err.value.__cause__) == message
+    else:
+        assert type(err.value) is RuntimeError and str(err.value) == message
+
+
+@pytest.mark.parametrize("call", ["barrier", "broadcast", "reduce", "all_gather"])
+def test_lightnings_collectives_under_omnistrategy_name_a_lost_peer(world1, monkeypatch, call):
+    """Lightning's own collectives (the checkpoint path's broadcast, a barrier, a logged
+    metric's reduce) under OmniStrategy fail as ``OmniRuntimeError`` naming themselves."""
+    from lightning_omni import OmniStrategy
+
+    strategy = OmniStrategy()
+    for name in ("barrier", "broadcast_object_list", "all_reduce", "all_gather"):
+        monkeypatch.setattr(dist, name, _lose)
+    x = torch.ones(2)
+    args = {"barrier": ("omni_save",), "broadcast": ("path",), "reduce": (x,),
+            "all_gather": (x,)}[call]
+    with pytest.raises(OmniRuntimeError, match=rf"rank 0: Lightning's {call}.*a peer rank has "
+                                               rf"probably died or stopped \(RuntimeError: "
+                                               rf"{re.escape(LOST)}"):
+        getattr(strategy, call)(*args)
+
+
+def test_the_shape_probe_passes_a_lost_peer_through(world1):
+    """The first step's shape probe names a part's failure as the user's shape error, except
+    a lost peer (a collective inside a tensor-parallel part), which the step names."""
+    from omni_models import ToyData, global_batches
+
+    from lightning_omni import OmniSpecError
+
+    model, engine = _one_rank_engine()
+    batch = global_batches(ToyData(8, seed=0), 4)[0]
+    handle = model.blocks[0].register_forward_pre_hook(_lose)
+    with pytest.raises(OmniRuntimeError, match=r"^rank 0, step 0 \(train\): a collective failed"):
+        engine.step(batch)
+    handle.remove()
+    model, engine = _one_rank_engine()
+    model.blocks[0].register_forward_pre_hook(lambda *_: torch.zeros(()).view(5))
+    with pytest.raises(OmniSpecError, match=r"^blocks\[0\]: failed on inputs of shapes"):
+        engine.step(batch)

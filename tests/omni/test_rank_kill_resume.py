@@ -30,6 +30,7 @@ from tp_workers import _full, _loader, _trainer, make_tp_model, reference
 from lightning_omni.runtime import checkpoint as ckpt
 
 TIMEOUT_S = 20  # the strategy's timeout here (the default is 10 minutes)
+RAISE_S = 5  # a rank whose wait times out raises this long after its timeout at most
 EXIT_S = 10  # a survivor's process ends this long after its error at most
 PP, TP, WORLD = 2, 2, 4
 BATCH, SAMPLES, EPOCHS = 8, 16, 6  # two steps an epoch, a checkpoint at each epoch's end
@@ -161,7 +162,10 @@ def test_a_rank_killed_mid_fit_ends_the_job_and_the_newest_checkpoint_resumes_it
     assert sorted(survivors) == [r for r in range(WORLD) if r != victim], results
     for r, err in survivors.items():
         assert any(LOST.search(message) for _, message in err["chain"]), (r, err)
-        assert err["ended_at"] - killed_at < TIMEOUT_S, (r, err["ended_at"] - killed_at, err)
+        # most ranks hear of the kill at once (their peer's socket closed); one waiting in
+        # a gloo barrier may hear nothing and wait out the timeout
+        assert err["ended_at"] - killed_at < TIMEOUT_S + RAISE_S, (r, err["ended_at"] - killed_at,
+                                                                 err)
     last_error = max(err["ended_at"] for err in survivors.values())
     assert exited_at - last_error < EXIT_S, exited_at - last_error
     pids, ports = zip(*((tmp_path / f"pid{r}").read_text().split() for r in range(WORLD)),
@@ -195,5 +199,4 @@ def test_a_rank_killed_mid_fit_ends_the_job_and_the_newest_checkpoint_resumes_it
           f"{fraction:.2f}; errors after {delays} s; resumed from step {step}; killed run "
           f"{killed_s:.0f} s, resume {resumed_s:.0f} s; "
           + "; ".join(f"rank {r}: {e['message'][:160]}" for r, e in survivors.items()))
-    if unnamed:
-        pytest.xfail(f"not ended by {NAMED}: {unnamed}")
+    assert not unnamed, f"not ended by {NAMED}: {unnamed}"
