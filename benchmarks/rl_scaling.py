@@ -64,7 +64,8 @@ def core_counts(available: int) -> list[int]:
     return counts + [available]
 
 
-def measure_training(recipe: Path, seconds: float, extra: list[str] = ()) -> dict[str, float]:
+def measure_training(recipe: Path, seconds: float, extra: list[str] = (),
+                     learner_threads: int = 1) -> dict[str, float]:
     clock = StepClock()
     cli = UniLabCLI(APPOModule, RolloutDataModule, run=False, seed_everything_default=0,
                     save_config_callback=None, args=["--config", str(recipe), "--trainer.max_time",
@@ -73,7 +74,7 @@ def measure_training(recipe: Path, seconds: float, extra: list[str] = ()) -> dic
                           "--trainer.enable_checkpointing", "false",
                           "--trainer.enable_progress_bar", "false", *extra])
     cli.trainer.callbacks.append(clock)
-    torch.set_num_threads(1)  # the recipe's learner threads
+    torch.set_num_threads(learner_threads)  # async mode's default: 1
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     rows = clock.rows[len(clock.rows) // 2:]
     if len(rows) < 2:
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--recipe", type=Path, default=RECIPE)
     p.add_argument("--collector-threads", type=int, default=None,
                    help="override the recipe's default (the cores the learner leaves)")
+    p.add_argument("--learner-threads", type=int, default=1,
+                   help="torch threads of the learner (async mode's default: 1)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     allowed = sorted(os.sched_getaffinity(0))
@@ -111,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n, t = int(data["num_envs"]), int(data["horizon"])
     out: dict[str, Any] = {"task": data["task"], "num_envs": n, "horizon": t,
                            "recipe": _shown(args.recipe),
-                           "seconds": args.seconds, "cores": [],
+                           "seconds": args.seconds, "learner_threads": args.learner_threads,
+                           "cores": [],
                            "collect_env_steps_per_s": [], "train_env_steps_per_s": [],
                            "collected_env_steps_per_s": [], "collector_threads": []}
     try:
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             collect_ms, _, _ = measure_collect(n, t, reps=5, threads=c, task=data["task"])
             extra = ([] if args.collector_threads is None else
                      ["--data.collector_threads", str(min(c, args.collector_threads))])
-            train = measure_training(args.recipe, args.seconds, extra)
+            train = measure_training(args.recipe, args.seconds, extra, args.learner_threads)
             out["cores"].append(c)
             out["collect_env_steps_per_s"].append(n * t / (collect_ms / 1e3))
             for key in ("train_env_steps_per_s", "collected_env_steps_per_s",
