@@ -264,14 +264,12 @@ class OmniEngine:
         where = where or f"step {self.steps}"
         self.steps += 1
         here = f"rank {self.layout.global_rank}, {where} ({mode.value})"
-        try:
-            with naming_lost_peers(here):  # the collectives of the stage's own layers (TP)
+        with naming_lost_peers(here):  # the collectives of the stage's own layers (TP)
+            try:
                 self._check_batch(batch, where)
                 return self._step(batch, mode, forward_context)
-        except OmniRuntimeError as err:
-            if str(err).startswith(here):
-                raise
-            raise OmniRuntimeError(f"{here}: {err}") from err
+            except OmniRuntimeError as err:  # one the runtime named: add the rank and step
+                raise OmniRuntimeError(f"{here}: {err}") from err
 
     def _check_batch(self, batch: dict[str, Tensor], where: str) -> None:
         """``OmniSpec.check_batch`` before any other collective of the step. The ranks of a
