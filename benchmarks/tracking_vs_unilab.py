@@ -1,14 +1,15 @@
 """g1-motion-tracking against UniLab 1.5.2's G1MotionTracking: same clip, same machine, in turn.
 
-For each wall-time budget, UniLab's APPO (its ``mujoco`` backend, on CPU, its defaults but the
-clip and the env count) trains alone, then our recipe; each final policy is evaluated on the
-same metric, BeyondMimic's ``error_body_pos`` (the mean over the 14 tracked bodies of the
-distance to the reference, re-anchored to the robot's torso in the plane and heading), from 5
-start frames spread over the clip with no start noise, each episode to the clip's end or a
-fall. docs/unilab/tracking_vs_unilab.md describes the set-up and the numbers.
+UniLab's APPO (its ``mujoco`` backend, on CPU, its defaults but the clip and the env count)
+trains alone for the longest wall-time budget, keeping its policy at each shorter one, then our
+recipe the same way; each kept policy is evaluated on the same metric, BeyondMimic's
+``error_body_pos`` (the mean over the 14 tracked bodies of the distance to the reference,
+re-anchored to the robot's torso in the plane and heading), from 5 start frames spread over the
+clip with no start noise, each episode to the clip's end or a fall.
+docs/unilab/tracking_vs_unilab.md describes the set-up and the numbers.
 
     python benchmarks/tracking_vs_unilab.py --minutes 15 60 --envs 256 --out build/t.json
-    python benchmarks/tracking_vs_unilab.py --quick          # 1-minute budgets, a smoke test
+    python benchmarks/tracking_vs_unilab.py --quick   # 0.5- and 1-minute budgets: a smoke test
 
 Run with the project's venv. UniLab lives in its own venv (build/unilab-venv, made here when
 absent); the private modes ``_unilab_train`` and ``_unilab_eval`` run inside it, so this
@@ -189,13 +190,13 @@ def unilab_env() -> dict[str, str]:
     return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(WORK / "inductor-cache")}
 
 
-def train_unilab(npz: Path, seconds: float, envs: int, seed: int, tag: str) -> Path:
+def train_unilab(npz: Path, seconds: Sequence[float], envs: int, seed: int, tag: str) -> Path:
     run_dir = WORK / "runs" / tag
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     overrides = unilab_overrides(npz, envs, seed, run_dir)
     (run_dir / "overrides.json").write_text(json.dumps(overrides))
-    run([VPY, Path(__file__), "_unilab_train", "--budget-s", str(seconds), "--run-dir",
+    run([VPY, Path(__file__), "_unilab_train", "--budget-s", *map(str, seconds), "--run-dir",
          run_dir, "--", *overrides], cwd=run_dir, env=unilab_env(), out=run_dir / "train.log")
     return run_dir
 
@@ -207,33 +208,42 @@ def warm_unilab(npz: Path, envs: int) -> None:
     if marker.exists():
         return
     log("UniLab: filling its torch.compile cache (a run stopped at its first iteration)")
-    train_unilab(npz, 0.0, envs, 0, "unilab_warmup")
+    train_unilab(npz, [0.0], envs, 0, "unilab_warmup")
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
 
 
-def run_unilab(npz: Path, minutes: float, envs: int, seed: int, frames: list[int]) -> dict:
+def run_unilab(npz: Path, minutes: Sequence[float], envs: int, seed: int,
+               frames: list[int]) -> list[dict]:
+    """One UniLab run of the longest budget, its policy kept at each; one result per budget."""
     t = time.time()
-    run_dir = train_unilab(npz, minutes * 60, envs, seed, f"unilab_{minutes:g}min_s{seed}")
+    run_dir = train_unilab(npz, [m * 60 for m in minutes], envs, seed,
+                           f"unilab_{max(minutes):g}min_s{seed}")
     wall = time.time() - t
     overrides = json.loads((run_dir / "overrides.json").read_text())
     series = [json.loads(line) for line in (run_dir / "series.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "budget.json").read_text())
     t0 = summary["learn_start"]
-    rate = rates([(r["t"] - t0, r["env_steps"]) for r in series])
-    evaluation = run_dir / "eval.json"
-    run([VPY, Path(__file__), "_unilab_eval", "--run-dir", run_dir, "--frames",
-         *map(str, frames), "--out", evaluation], cwd=run_dir, env=unilab_env(),
-        out=run_dir / "eval.log")
-    ev = json.loads(evaluation.read_text())
-    return {"system": "unilab", "budget_min": minutes, "seed": seed, "envs": envs, **rate,
-            "train_episode_length_last": series[-1]["episode_length"] if series else None,
-            "iterations": series[-1]["iteration"] if series else 0,
+    results = []
+    for m in minutes:
+        at = summary["saved"][f"{m * 60:g}"]
+        upto = [r for r in series if r["t"] - t0 <= at + 1e-6]
+        rate = rates([(r["t"] - t0, r["env_steps"]) for r in upto])
+        evaluation = run_dir / f"eval_{m:g}min.json"
+        run([VPY, Path(__file__), "_unilab_eval", "--run-dir", run_dir, "--model",
+             f"model_{m * 60:g}s.pt", "--frames", *map(str, frames), "--out", evaluation],
+            cwd=run_dir, env=unilab_env(), out=run_dir / f"eval_{m:g}min.log")
+        ev = json.loads(evaluation.read_text())
+        results.append({
+            "system": "unilab", "budget_min": m, "seed": seed, "envs": envs, **rate,
+            "kept_at_s": at, "train_episode_length_last": upto[-1]["episode_length"]
+            if upto else None, "iterations": upto[-1]["iteration"] if upto else 0,
             "first_iteration_s": series[0]["t"] - t0 if series else None,
             "process_wall_s": wall, "run_dir": str(run_dir), "physics": ev.pop("physics"),
             "versions": ev.pop("versions"), "eval": ev,
             "command": f"train --algo appo --task g1_motion_tracking --sim mujoco "
-                       f"{' '.join(o for o in overrides if not o.startswith('task='))}"}
+                       f"{' '.join(o for o in overrides if not o.startswith('task='))}"})
+    return results
 
 
 def rates(points: list[tuple[float, float]]) -> dict[str, float | None]:
@@ -251,45 +261,71 @@ def rates(points: list[tuple[float, float]]) -> dict[str, float | None]:
 
 # ----------------------------------------------------------------------------- our runs
 
-def run_ours(minutes: float, envs: int, seed: int, frames: list[int], clip: Path) -> dict:
-    tag = f"ours_{minutes:g}min_s{seed}"
+def run_ours(minutes: Sequence[float], envs: int, seed: int, frames: list[int],
+             clip: Path) -> list[dict]:
+    """One run of our recipe for the longest budget, its policy kept at each shorter one
+    (benchmarks/wall_time_snapshots.py); one result per budget."""
+    tag = f"ours_{max(minutes):g}min_s{seed}"
     runs = WORK / "runs"
     shutil.rmtree(runs / tag, ignore_errors=True)
     runs.mkdir(parents=True, exist_ok=True)
-    s = round(minutes * 60)
+    s = round(max(minutes) * 60)
     max_time = f"00:{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    snapshots = runs / tag / "snapshots"
     cmd = [sys.executable, "-m", "lightning_unilab.train", "--config", RECIPE,
            "--trainer.max_time", max_time, "--data.num_envs", str(envs), "--seed_everything",
            str(seed), "--trainer.logger.init_args.save_dir", runs,
            "--trainer.logger.init_args.name", tag]
+    shorter = [m * 60 for m in minutes if m < max(minutes)]
+    if shorter:
+        cmd.append("--trainer.callbacks+=" + json.dumps({
+            "class_path": "wall_time_snapshots.WallTimeSnapshots",
+            "init_args": {"seconds": shorter, "dirpath": str(snapshots)}}))
     if clip.resolve() != CLIP:  # the recipe's clip is g1_dance
         cmd += ["--data.task_kwargs.task_data.motions", str(clip.resolve())]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)}
     t = time.time()
-    run(cmd, out=runs / f"{tag}.log")
+    run(cmd, env=env, out=runs / f"{tag}.log")
     wall = time.time() - t
     version = sorted((runs / tag).glob("version_*"), key=lambda p: p.stat().st_mtime)[-1]
-    ckpt = version / "checkpoints" / "last.ckpt"
-    rate, length = our_series(version)
-    episodes = []
-    for f in frames:
-        out = version / f"eval_start{f}"
-        run([sys.executable, "-m", "lightning_unilab.evaluate", "checkpoint", ckpt, "--out", out,
-             "--no-video", "--param", f"start_frame={f}"], out=version / f"eval_start{f}.log")
-        tr = json.loads((out / "episode.json").read_text())["tracking"]
-        episodes.append({"start_frame": f, "steps": tr["steps"], "fell": tr["fell"],
-                         "body_pos_error_m": tr["body_pos_error_m"]})
+    points, lengths = our_series(version)
+    kept = {}
+    if shorter:
+        for line in (snapshots / "snapshots.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            kept[row["budget_s"]] = (snapshots / f"wall_{row['budget_s']:g}s.ckpt", row["at_s"])
+    kept[max(minutes) * 60] = (version / "checkpoints" / "last.ckpt",
+                               points[-1][0] if points else 0.0)
     shown = [str(c) for c in cmd]
     shown[:3] = ["python", "-m", "lightning_unilab.train"]
-    return {"system": "ours", "budget_min": minutes, "seed": seed, "envs": envs, **rate,
-            "train_episode_length_last": length, "process_wall_s": wall, "run_dir": str(version),
-            "physics": our_physics(), "versions": our_versions(), "eval": summarize(episodes),
+    results = []
+    for m in minutes:
+        ckpt, at = kept[m * 60]
+        episodes = []
+        for f in frames:
+            out = version / f"eval_{m:g}min_start{f}"
+            run([sys.executable, "-m", "lightning_unilab.evaluate", "checkpoint", ckpt, "--out",
+                 out, "--no-video", "--param", f"start_frame={f}"],
+                out=version / f"eval_{m:g}min_start{f}.log")
+            tr = json.loads((out / "episode.json").read_text())["tracking"]
+            episodes.append({"start_frame": f, "steps": tr["steps"], "fell": tr["fell"],
+                             "body_pos_error_m": tr["body_pos_error_m"]})
+        upto = [length for t_, length in lengths if t_ <= at + 1e-6]
+        results.append({
+            "system": "ours", "budget_min": m, "seed": seed, "envs": envs,
+            **rates([p for p in points if p[0] <= at + 1e-6]), "kept_at_s": at,
+            "train_episode_length_last": upto[-1] if upto else None, "process_wall_s": wall,
+            "run_dir": str(version), "physics": our_physics(), "versions": our_versions(),
+            "eval": summarize(episodes),
             "command": shlex.join(os.path.relpath(c, ROOT) if c.startswith("/") else c
-                                  for c in shown)}
+                                  for c in shown)})
+    return results
 
 
-def our_series(version: Path) -> tuple[dict, float | None]:
-    """Env steps/s and the last mean episode length from our TensorBoard events; the clock
-    starts when the logger's event file was made (at fit start)."""
+def our_series(version: Path) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """(seconds, env steps) and (seconds, mean episode length) from our TensorBoard events; the
+    clock starts when the logger's event file was made (at fit start)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(version), size_guidance={"scalars": 0})
@@ -298,8 +334,9 @@ def our_series(version: Path) -> tuple[dict, float | None]:
     start = min(float(p.name.split(".")[3]) for p in version.glob("events.out.tfevents.*"))
     points = [(e.wall_time - start, e.value) for e in acc.Scalars("rollout/env_steps")] \
         if "rollout/env_steps" in tags else []
-    lengths = acc.Scalars("rollout/episode_length") if "rollout/episode_length" in tags else []
-    return rates(points), (lengths[-1].value if lengths else None)
+    lengths = [(e.wall_time - start, e.value) for e in acc.Scalars("rollout/episode_length")] \
+        if "rollout/episode_length" in tags else []
+    return points, lengths
 
 
 def our_physics() -> dict[str, Any]:
@@ -359,12 +396,12 @@ def summarize(episodes: list[dict]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- inside UniLab's venv
 
 def unilab_train(argv: Sequence[str]) -> int:
-    """UniLab's train_appo under a wall-time budget, counted from its runner's learn(): each
+    """UniLab's train_appo under wall-time budgets, counted from its runner's learn(): each
     logged iteration appends (time, collected env steps, episode length) to series.jsonl; the
-    first log past the budget saves the learner (model_final.pt) and stops the run through
-    UniLab's own Ctrl+C path (collector shut down, run summary written)."""
+    first log past each budget saves the learner (model_{budget}s.pt); the last budget's also
+    stops the run through UniLab's own Ctrl+C path (collector shut down, run summary written)."""
     p = argparse.ArgumentParser(prog="_unilab_train")
-    p.add_argument("--budget-s", type=float, required=True)
+    p.add_argument("--budget-s", type=float, nargs="+", required=True)
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("overrides", nargs="*")
     a = p.parse_args(argv)
@@ -378,7 +415,8 @@ def unilab_train(argv: Sequence[str]) -> int:
     class BudgetReached(KeyboardInterrupt):
         pass
 
-    state: dict[str, Any] = {"process_start": time.time()}
+    state: dict[str, Any] = {"process_start": time.time(), "saved": {}}
+    left = sorted(a.budget_s)
     series = open(a.run_dir / "series.jsonl", "w")
     learn, build, log_step = (appo_runner.APPORunner.learn, appo_runner.APPORunner._build_learner,
                               OffPolicyLogger.log_step)
@@ -401,8 +439,11 @@ def unilab_train(argv: Sequence[str]) -> int:
             "return": kwargs.get("return_mean_ep100"),
             "learning_rate": metrics.get("Loss/learning_rate")}) + "\n")
         series.flush()
-        if now - state["learn_start"] >= a.budget_s:
-            torch.save(state["learner"].get_state_dict(), a.run_dir / "model_final.pt")
+        while left and now - state["learn_start"] >= left[0]:
+            budget = left.pop(0)
+            torch.save(state["learner"].get_state_dict(), a.run_dir / f"model_{budget:g}s.pt")
+            state["saved"][f"{budget:g}"] = now - state["learn_start"]
+        if not left:
             state["stopped"] = now
             raise BudgetReached
 
@@ -420,7 +461,7 @@ def unilab_train(argv: Sequence[str]) -> int:
     if "stopped" not in state:
         raise RuntimeError("UniLab's run ended before its budget")
     (a.run_dir / "budget.json").write_text(json.dumps(
-        {k: state[k] for k in ("process_start", "learn_start", "stopped")}
+        {k: state[k] for k in ("process_start", "learn_start", "stopped", "saved")}
         | {"budget_s": a.budget_s}))
     return 0
 
@@ -434,6 +475,7 @@ def unilab_eval(argv: Sequence[str]) -> int:
     updates before advancing the frame (the frame its observation showed, as its reward)."""
     p = argparse.ArgumentParser(prog="_unilab_eval")
     p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--model", default="model_final.pt", help="the saved learner, in --run-dir")
     p.add_argument("--frames", type=int, nargs="+", required=True)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
@@ -463,7 +505,7 @@ def unilab_eval(argv: Sequence[str]) -> int:
     wrapped = RslRlVecEnvAdapter(env, device="cpu", policy_obs_mode="flat")
     actor, _, _ = _build_appo_actor(env=env, wrapped_env=wrapped, cfg=cfg, rl_cfg=rl_cfg,
                                     device="cpu")
-    state = torch.load(a.run_dir / "model_final.pt", map_location="cpu", weights_only=True)
+    state = torch.load(a.run_dir / a.model, map_location="cpu", weights_only=True)
     actor.load_state_dict(state["actor"])
     cmd = env.command_manager.get_term("motion")
     for noise in (cmd._pose_range_torch, cmd._velocity_range_torch,
@@ -577,15 +619,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return unilab_eval(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, nargs="+", default=[15.0, 60.0],
-                   help="wall-time budgets, each trained from scratch (default 15 60)")
+                   help="wall-time budgets (default 15 60): each system trains once for the "
+                        "longest, its policy kept at each")
     p.add_argument("--envs", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=WORK / "tracking_vs_unilab.json")
-    p.add_argument("--quick", action="store_true", help="1-minute budgets: a smoke test")
+    p.add_argument("--quick", action="store_true", help="0.5- and 1-minute budgets: a smoke test")
     p.add_argument("--only", choices=("ours", "unilab"), default=None)
     p.add_argument("--clip", type=Path, default=CLIP)
     a = p.parse_args(argv)
-    minutes = [1.0] if a.quick else a.minutes
+    minutes = [0.5, 1.0] if a.quick else sorted(set(a.minutes))
     WORK.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": {
@@ -608,18 +651,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         frames_total = int(np.load(a.clip)["joint_pos"].shape[0])
     starts = [round(i * (frames_total - 1) / STARTS) for i in range(STARTS)]
     report["start_frames"] = starts
-    for m in minutes:
-        for system in ("unilab", "ours"):
-            if a.only not in (None, system):
-                continue
-            log(f"{system}: {m:g} min budget, {a.envs} envs, seed {a.seed}")
-            if system == "unilab":
-                r = run_unilab(Path(report["clip"]["unilab_npz"]), m, a.envs, a.seed, starts)
-            else:
-                r = run_ours(m, a.envs, a.seed, starts, a.clip)
-            report["runs"].append(r)
-            a.out.parent.mkdir(parents=True, exist_ok=True)
-            a.out.write_text(json.dumps(report, indent=1))
+    for system in ("unilab", "ours"):
+        if a.only not in (None, system):
+            continue
+        log(f"{system}: {max(minutes):g} min, policy kept at {minutes} min, {a.envs} envs, "
+            f"seed {a.seed}")
+        if system == "unilab":
+            report["runs"] += run_unilab(Path(report["clip"]["unilab_npz"]), minutes, a.envs,
+                                         a.seed, starts)
+        else:
+            report["runs"] += run_ours(minutes, a.envs, a.seed, starts, a.clip)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(report, indent=1))
     print(table(report["runs"]))
     for r in report["runs"]:
         print(f"{r['system']}: {r['versions']}")
