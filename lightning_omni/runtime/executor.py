@@ -500,7 +500,10 @@ class StageExecutor:
         way = "from" if a.kind == Kind.RECV else "to"
         kind = "recv" if a.kind == Kind.RECV else "send"
         chunk = f" (model chunk channel {a.chunk})" if a.chunk else ""
-        return f"{kind} of {a.payload} for microbatch {a.microbatch}{chunk} {way} rank {a.peer}"
+        peer = self.layout.to_global(a.peer)  # the process, as torchrun and the logs name it
+        plan = f" (pipeline rank {a.peer})" if peer != a.peer else ""
+        return (f"{kind} of {a.payload} for microbatch {a.microbatch}{chunk} {way} "
+                f"rank {peer}{plan}")
 
     def _post(self, group: Sequence[Action]) -> None:
         """Post these messages in this order, without tags (see the module doc)."""

@@ -73,15 +73,19 @@ def _qpos(clip: MotionClip, model: mujoco.MjModel) -> np.ndarray:
 
 
 def foot_points(model: mujoco.MjModel, data: mujoco.MjData, geom: int) -> np.ndarray:
-    """World points of a foot geom's sole: a box's 4 lowest corners, else its centre less its
-    bounding radius (after mj_kinematics)."""
+    """World points of a foot geom's sole: a box's 4 corners on its face across its thinnest
+    axis that faces down (which holds its lowest corner), else its centre less its bounding
+    radius (after mj_kinematics). The same corners in the same order from frame to frame while
+    the foot rolls: the 4 lowest corners would swap a heel's for a toe's top corners past a few
+    degrees of pitch, and slip would read a foot's length."""
     pos, rot = data.geom_xpos[geom], data.geom_xmat[geom].reshape(3, 3)
     if model.geom_type[geom] == int(mujoco.mjtGeom.mjGEOM_BOX):
+        size = model.geom_size[geom]
+        thin = int(np.argmin(size))
+        down = -1.0 if rot[2, thin] >= 0 else 1.0  # the face whose outward normal points down
         signs = np.array([[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)])
-        corners = pos + (signs * model.geom_size[geom]) @ rot.T
-        # in corner order, not height order: a flat foot's corners tie, and slip compares
-        # each corner with itself in the next frame
-        return corners[np.sort(np.argsort(corners[:, 2], kind="stable")[:4])]
+        signs = signs[signs[:, thin] == down]
+        return pos + (signs * size) @ rot.T
     return (pos - np.array([0.0, 0.0, model.geom_rbound[geom]]))[None]
 
 

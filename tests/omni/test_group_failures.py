@@ -355,3 +355,22 @@ def test_the_shape_probe_passes_a_lost_peer_through(world1):
     model.blocks[0].register_forward_pre_hook(lambda *_: torch.zeros(()).view(5))
     with pytest.raises(OmniSpecError, match=r"^blocks\[0\]: failed on inputs of shapes"):
         engine.step(batch)
+
+
+@pytest.mark.parametrize(("tp", "tp_rank", "named"), [
+    (1, 0, "from rank 3 "), (2, 1, "from rank 7 (pipeline rank 3) "),
+    (2, 0, "from rank 6 (pipeline rank 3) ")])
+def test_pipeline_messages_name_the_peer_process(tp, tp_rank, named):
+    """A message's peer is a pipeline (plan) rank; the error names the process it is, as
+    torchrun's logs do, and the plan rank beside it when they differ."""
+    from types import SimpleNamespace
+
+    from lightning_omni.plan.actions import Action, Kind, Payload
+    from lightning_omni.runtime.executor import StageExecutor
+    from lightning_omni.runtime.layout import Layout
+
+    layout = Layout(world_size=4, rank=1, pp=4, dp=1, block_bounds=((0, 1), (1, 2), (2, 3), (3, 4)),
+                    tp=tp, tp_rank=tp_rank)
+    a = Action(Kind.RECV, microbatch=2, stage=1, peer=3, payload=Payload.GRADIENT)
+    what = StageExecutor._what(SimpleNamespace(layout=layout), a)
+    assert what == f"recv of {Payload.GRADIENT} for microbatch 2 {named.strip()}"

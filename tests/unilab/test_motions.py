@@ -391,3 +391,58 @@ def test_shipped_dance(model: mujoco.MjModel) -> None:
 def test_dance_generator_reproduces_the_shipped_clip(model: mujoco.MjModel) -> None:
     made = dance_clip(model).select_bodies(TRACKED_BODIES)
     _assert_same(made, load_clip(CLIPS / "g1_dance.npz", model), 1e-9)
+
+
+def test_a_rolling_foot_keeps_its_sole_corners() -> None:
+    """A box foot pitching heel to toe about its sole's centre: its 4 sole corners stay the
+    same points (the lowest of all 8 among them) and move by their arc only, never a foot's
+    length; upside down, the face toward the floor is the top."""
+    from lightning_unilab.motions.checks import foot_points
+
+    model = mujoco.MjModel.from_xml_string(
+        '<mujoco><worldbody><body><freejoint/><geom name="left_foot" type="box" '
+        'size="0.1 0.03 0.01"/></body></worldbody></mujoco>')
+    data = mujoco.MjData(model)
+    g = model.geom("left_foot").id
+
+    def corners(pitch: float) -> np.ndarray:
+        data.qpos[3:7] = [np.cos(pitch / 2), 0.0, np.sin(pitch / 2), 0.0]
+        mujoco.mj_kinematics(model, data)
+        all8 = data.geom_xpos[g] + (np.array(
+            [[x, y, z] for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)])
+            * model.geom_size[g]) @ data.geom_xmat[g].reshape(3, 3).T
+        sole = foot_points(model, data, g)
+        assert sole[:, 2].min() == pytest.approx(all8[:, 2].min(), abs=1e-12)
+        return sole
+
+    pitches = np.radians(np.arange(-30.0, 31.0, 2.0))
+    soles = np.stack([corners(p) for p in pitches])
+    step = np.radians(2.0)
+    moved = np.linalg.norm(np.diff(soles, axis=0), axis=-1).max()
+    assert moved <= np.hypot(0.1, 0.01) * step + 1e-12  # the far corner's arc per 2 degrees
+    # flat: the bottom face at z = -0.01; upside down: the face toward the floor
+    assert np.allclose(corners(0.0)[:, 2], -0.01)
+    assert np.allclose(corners(np.pi)[:, 2], -0.01)
+
+
+def test_shipped_walk(model: mujoco.MjModel) -> None:
+    """g1_walk: 10 s recorded from a trained g1-walk-flat policy commanded 0.5 m/s ahead
+    (docs/unilab/motions.md): it walks, stepping with both feet in turn."""
+    path = CLIPS / "g1_walk.npz"
+    assert path.stat().st_size < 1_000_000
+    clip = load_clip(path, model)
+    assert clip.fps == 50.0 and clip.duration == pytest.approx(10.0)
+    assert clip.body_names == TRACKED_BODIES
+    pelvis = clip.body_pos_w[:, clip.body_names.index("pelvis")]
+    after_2s = round(2 * clip.fps)
+    speed = np.linalg.norm(pelvis[-1, :2] - pelvis[after_2s, :2]) / (clip.duration - 2.0)
+    assert 0.45 < speed < 0.8
+    assert 0.68 < pelvis[:, 2].min() and pelvis[:, 2].max() < 0.8  # upright throughout
+    lift_offs = {}
+    for side in ("left", "right"):
+        z = clip.body_pos_w[:, clip.body_names.index(f"{side}_ankle_roll_link"), 2]
+        up = (z > z.min() + 0.03).astype(int)
+        lift_offs[side] = np.flatnonzero(np.diff(up) == 1)
+        assert len(lift_offs[side]) >= 8
+    order = sorted([(k, "l") for k in lift_offs["left"]] + [(k, "r") for k in lift_offs["right"]])
+    assert all(a[1] != b[1] for a, b in zip(order[:-1], order[1:], strict=True))  # in turn
