@@ -7,19 +7,44 @@ left ``last.ckpt`` up to K optimizer steps behind the policy that the end-of-tra
 evaluation ran: evaluating or resuming it gave an older policy than the run reported. This
 callback writes ``last`` once more when training ends, through the trainer (so through its
 checkpoint plugin: atomic, with a digest), where the newest save is older than the run.
+
+``refuse_ignored_time_interval``: Lightning 2.6's ``ModelCheckpoint`` saves a manually optimized
+module (APPO's) on ``every_n_train_steps`` only, so ``train_time_interval`` alone never saves
+during the run (Lightning-AI/pytorch-lightning#21699); a run meant to leave a checkpoint every
+half hour would leave none until it ended.
 """
 
 from __future__ import annotations
 
 import os
 
+import lightning
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_omnilab.checkpoint_io import AtomicCheckpointIO
 
-__all__ = ["LastCheckpointAtEnd"]
+__all__ = ["LastCheckpointAtEnd", "TIME_INTERVAL_IGNORED", "refuse_ignored_time_interval"]
+
+# the Lightning releases whose ModelCheckpoint skips train_time_interval under manual optimization
+# (tests/unilab/test_time_interval_checkpoints.py checks this against the installed one)
+TIME_INTERVAL_IGNORED = tuple(int(p) for p in lightning.__version__.split(".")[:2]) >= (2, 6)
+
+
+def refuse_ignored_time_interval(trainer: pl.Trainer, module: pl.LightningModule) -> None:
+    """Raise where a ``ModelCheckpoint(train_time_interval=...)`` would never save mid-run."""
+    if module.automatic_optimization or not TIME_INTERVAL_IGNORED:
+        return
+    for ckpt in trainer.checkpoint_callbacks:
+        interval = getattr(ckpt, "_train_time_interval", None)
+        if isinstance(ckpt, ModelCheckpoint) and interval is not None:
+            raise ValueError(
+                f"ModelCheckpoint(train_time_interval={interval}): Lightning "
+                f"{lightning.__version__} never saves on a time interval under manual "
+                f"optimization ({type(module).__name__}'s), so this run would leave no "
+                "checkpoint until it ended (Lightning-AI/pytorch-lightning#21699); use "
+                "every_n_train_steps instead")
 
 
 class LastCheckpointAtEnd(pl.Callback):

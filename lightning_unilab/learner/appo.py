@@ -39,6 +39,7 @@ from lightning_omnilab.validate import (
     positive_number,
     probability,
 )
+from lightning_unilab.last_checkpoint import refuse_ignored_time_interval
 from lightning_unilab.learner.logger_writes import write_to_loggers
 from lightning_unilab.learner.losses import (
     RATIO_FORMS,
@@ -357,6 +358,8 @@ class APPOModule(pl.LightningModule):
     # ------------------------------------------------------------------ setup
 
     def setup(self, stage: str) -> None:
+        if self._trainer is not None:
+            refuse_ignored_time_interval(self._trainer, self)
         self._shuffle = torch.Generator().manual_seed(torch.initial_seed())
         sizes = self._task_sizes()
         if self.policy is None:
