@@ -345,8 +345,13 @@ def our_physics() -> dict[str, Any]:
     from lightning_unilab import _core
     from lightning_unilab.envs.tasks import load_model
 
-    p = _core.task_defaults(TASK)
+    import yaml
+
+    # the recipe's step over the task's defaults: what the run simulates, not the task table
+    given = yaml.safe_load(RECIPE.read_text())["data"]["task_kwargs"].get("params") or {}
+    p = {**_core.task_defaults(TASK), **given}
     m = load_model(TASK)
+    m.opt.integrator, m.opt.iterations = int(p["integrator"]), int(p["solver_iterations"])
     return physics_of(m, mujoco, p["timestep"], p["ctrl_dt"],
                       "MuJoCo Playground's feet-only G1 (Menagerie), 29 position actuators")
 
