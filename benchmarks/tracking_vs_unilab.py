@@ -299,7 +299,7 @@ def run_ours(minutes: Sequence[float], envs: int, seed: int, frames: list[int],
                                points[-1][0] if points else 0.0)
     shown = [str(c) for c in cmd]
     shown[:3] = ["python", "-m", "lightning_unilab.train"]
-    results = []
+    results, physics, versions = [], our_physics(), our_versions()
     for m in minutes:
         ckpt, at = kept[m * 60]
         episodes = []
@@ -316,7 +316,7 @@ def run_ours(minutes: Sequence[float], envs: int, seed: int, frames: list[int],
             "system": "ours", "budget_min": m, "seed": seed, "envs": envs,
             **rates([p for p in points if p[0] <= at + 1e-6]), "kept_at_s": at,
             "train_episode_length_last": upto[-1] if upto else None, "process_wall_s": wall,
-            "run_dir": str(version), "physics": our_physics(), "versions": our_versions(),
+            "run_dir": str(version), "physics": physics, "versions": versions,
             "eval": summarize(episodes),
             "command": shlex.join(os.path.relpath(c, ROOT) if c.startswith("/") else c
                                   for c in shown)})
@@ -341,11 +341,10 @@ def our_series(version: Path) -> tuple[list[tuple[float, float]], list[tuple[flo
 
 def our_physics() -> dict[str, Any]:
     import mujoco
+    import yaml
 
     from lightning_unilab import _core
     from lightning_unilab.envs.tasks import load_model
-
-    import yaml
 
     # the recipe's step over the task's defaults: what the run simulates, not the task table
     given = yaml.safe_load(RECIPE.read_text())["data"]["task_kwargs"].get("params") or {}
